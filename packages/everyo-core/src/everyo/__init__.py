@@ -1,0 +1,67 @@
+"""EveryO: a deep-learning framework on NumPy.
+
+``import everyo as eo`` gives the core API. The add-ons (``everyo.amp``,
+``everyo.onnx``, ``everyo.distributed``) are separate distributions that share
+this namespace; their headline names are reachable from here lazily, and only
+when the add-on is installed.
+"""
+# Lets add-ons installed from other src/ folders (editable installs) join
+# this package's namespace. Must stay the first statement.
+__path__ = __import__("pkgutil").extend_path(__path__, __name__)
+
+__version__ = "0.1.0"
+
+from everyo.errors import (  # noqa: E402
+    EveryOError,
+    EveryOShapeError,
+    EveryODTypeError,
+    EveryOStateDictError,
+    EveryOSerializationError,
+    EveryODistributedError,
+)
+from everyo.tensor import Tensor, tensor, ones, zeros, randn, arange  # noqa: E402
+from everyo.autograd import no_grad, enable_grad, is_grad_enabled  # noqa: E402
+from everyo.tensor import Parameter  # noqa: E402
+from everyo.functional import *  # noqa: E402,F401,F403
+from everyo.conv import conv2d, max_pool2d, avg_pool2d  # noqa: E402
+from everyo.losses import mse_loss, cross_entropy, binary_cross_entropy_with_logits  # noqa: E402
+from everyo.padding import resolve_padding2d  # noqa: E402
+from everyo.nn import *  # noqa: E402,F401,F403
+from everyo.optim import SGD, Adam, AdamW, clip_grad_norm  # noqa: E402
+from everyo.data import DataLoader  # noqa: E402
+from everyo.io import save, load  # noqa: E402
+
+# name -> (module, distribution extra). Resolved on first attribute access
+# (PEP 562) so that importing core never imports an add-on.
+_ADDON_NAMES = {
+    "autocast": ("everyo.amp", "amp"),
+    "GradScaler": ("everyo.amp", "amp"),
+    "export_onnx": ("everyo.onnx", "onnx"),
+    "run_onnx": ("everyo.onnx", "onnx"),
+    "onnx_available": ("everyo.onnx", "onnx"),
+}
+
+
+def __getattr__(name):
+    try:
+        module_name, extra = _ADDON_NAMES[name]
+    except KeyError:
+        raise AttributeError(f"module 'everyo' has no attribute {name!r}") from None
+    import importlib
+
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name not in (module_name, "everyo." + extra):
+            raise
+        raise ImportError(
+            f"eo.{name} needs the {module_name} add-on, which is not installed. "
+            f"Install it with: pip install everyo-core[{extra}]"
+        ) from exc
+    value = getattr(module, name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_ADDON_NAMES))

@@ -1,0 +1,135 @@
+"""2-D convolution and pooling on NHWC tensors, vectorised over pixels.
+
+Convolution is im2col on a strided view followed by one BLAS matmul; the
+backward scatters columns back with a loop over kernel offsets (kh * kw
+iterations), never over pixels.
+"""
+import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
+
+from everyo import dispatch
+from everyo.dispatch import LOW_PRECISION
+from everyo.functional import _mm, _t
+from everyo.padding import _pair, output_size, resolve_padding2d
+from everyo.tensor import Tensor
+
+__all__ = ["conv2d", "max_pool2d", "avg_pool2d"]
+
+
+def _pad(x, pads, value=0.0):
+    (t, b), (l, r) = pads
+    if t == b == l == r == 0:
+        return x
+    return np.pad(x, ((0, 0), (t, b), (l, r), (0, 0)), constant_values=value)
+
+
+def _windows(xp, kernel, stride, out_hw):
+    """View of shape (N, OH, OW, C, kh, kw) over the padded input."""
+    win = sliding_window_view(xp, kernel, axis=(1, 2))
+    return win[:, : (out_hw[0] - 1) * stride[0] + 1 : stride[0], : (out_hw[1] - 1) * stride[1] + 1 : stride[1]]
+
+
+def _scatter_windows(grad_win, padded_shape, kernel, stride, out_hw, dtype):
+    """Adjoint of :func:`_windows`: add window gradients back into the padded input."""
+    gxp = np.zeros(padded_shape, dtype=dtype)
+    oh, ow = out_hw
+    for i in range(kernel[0]):
+        for j in range(kernel[1]):
+            gxp[:, i : i + stride[0] * (oh - 1) + 1 : stride[0], j : j + stride[1] * (ow - 1) + 1 : stride[1], :] += grad_win[..., i, j]
+    return gxp
+
+
+def _crop(gxp, pads):
+    (t, b), (l, r) = pads
+    return gxp[:, t : gxp.shape[1] - b, l : gxp.shape[2] - r, :]
+
+
+def _geometry(x, kernel, stride, padding):
+    kernel, stride = _pair(kernel, "kernel_size"), _pair(stride, "stride")
+    h, w = x.shape[1], x.shape[2]
+    pads = resolve_padding2d(padding, (h, w), kernel, stride)
+    out_hw = (output_size(h, kernel[0], stride[0], *pads[0]), output_size(w, kernel[1], stride[1], *pads[1]))
+    if out_hw[0] <= 0 or out_hw[1] <= 0:
+        raise ValueError(
+            f"window {kernel} with stride {stride} and padding {pads} does not fit an input of "
+            f"spatial size {(h, w)}"
+        )
+    return kernel, stride, pads, out_hw
+
+
+def conv2d(x, weight, bias=None, stride=1, padding="valid"):
+    """NHWC convolution. ``x``: (N, H, W, C); ``weight``: (kh, kw, C, O); ``bias``: (O,)."""
+    if bias is None:
+        x, weight = dispatch.apply(LOW_PRECISION, _t(x), weight)
+    else:
+        x, weight, bias = dispatch.apply(LOW_PRECISION, _t(x), weight, bias)
+    xd, w = x.data, weight.data
+    kh, kw, cin, cout = w.shape
+    kernel, stride, pads, (oh, ow) = _geometry(xd, (kh, kw), stride, padding)
+    n = xd.shape[0]
+    xp = _pad(xd, pads)
+    # Columns in the view's natural (C, kh, kw) order; permuting the small
+    # kernel instead of the big column matrix saves a copy.
+    cols = _windows(xp, kernel, stride, (oh, ow)).reshape(n * oh * ow, cin * kh * kw)
+    w_mat = w.transpose(2, 0, 1, 3).reshape(cin * kh * kw, cout)
+    out = _mm(cols, w_mat)
+    if bias is not None:
+        out += bias.data
+    out = out.reshape(n, oh, ow, cout)
+
+    def backward(g):
+        g2 = g.reshape(n * oh * ow, cout)
+        gx = gw = gb = None
+        if x.requires_grad:
+            gcols = _mm(g2, w_mat.T).reshape(n, oh, ow, cin, kh, kw)
+            gx = _crop(_scatter_windows(gcols, xp.shape, kernel, stride, (oh, ow), gcols.dtype), pads)
+        if weight.requires_grad:
+            gw = _mm(cols.T, g2).reshape(cin, kh, kw, cout).transpose(1, 2, 0, 3)
+        if bias is not None and bias.requires_grad:
+            gb = g2.sum(axis=0, dtype=np.float32 if g2.dtype == np.float16 else None)
+        return (gx, gw) if bias is None else (gx, gw, gb)
+
+    parents = (x, weight) if bias is None else (x, weight, bias)
+    return Tensor._from_op(out, parents, backward)
+
+
+def max_pool2d(x, pool_size=2, stride=None, padding="valid"):
+    """Max over windows; the gradient goes to the (first) maximum of each window."""
+    x = _t(x)
+    xd = x.data
+    stride = pool_size if stride is None else stride
+    kernel, stride, pads, (oh, ow) = _geometry(xd, pool_size, stride, padding)
+    xp = _pad(xd, pads, value=-np.inf)
+    win = _windows(xp, kernel, stride, (oh, ow))
+    flat = win.reshape(win.shape[:4] + (-1,))
+    arg = flat.argmax(axis=-1)
+    out = np.take_along_axis(flat, arg[..., None], axis=-1)[..., 0]
+
+    def backward(g):
+        grad_win = np.zeros(win.shape, dtype=g.dtype)
+        grad_flat = grad_win.reshape(flat.shape)
+        np.put_along_axis(grad_flat, arg[..., None], g[..., None], axis=-1)
+        return (_crop(_scatter_windows(grad_win, xp.shape, kernel, stride, (oh, ow), g.dtype), pads),)
+
+    return Tensor._from_op(out, (x,), backward)
+
+
+def avg_pool2d(x, pool_size=2, stride=None, padding="valid"):
+    """Mean over windows. With 'same' padding, padded cells are not counted
+    (TensorFlow's rule, ONNX ``count_include_pad=0``)."""
+    x = _t(x)
+    xd = x.data
+    stride = pool_size if stride is None else stride
+    kernel, stride, pads, (oh, ow) = _geometry(xd, pool_size, stride, padding)
+    xp = _pad(xd, pads)
+    total = _windows(xp, kernel, stride, (oh, ow)).sum(axis=(-2, -1))
+    ones = _pad(np.ones((1,) + xd.shape[1:3] + (1,), dtype=xd.dtype), pads)
+    count = _windows(ones, kernel, stride, (oh, ow)).sum(axis=(-2, -1))  # (1, OH, OW, 1)
+    out = total / count
+
+    def backward(g):
+        share = g / count
+        grad_win = np.broadcast_to(share[..., None, None], share.shape + kernel)
+        return (_crop(_scatter_windows(grad_win, xp.shape, kernel, stride, (oh, ow), g.dtype), pads),)
+
+    return Tensor._from_op(out.astype(xd.dtype, copy=False), (x,), backward)

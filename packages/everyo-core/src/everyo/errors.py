@@ -1,0 +1,38 @@
+"""One exception hierarchy for everything EveryO raises on purpose.
+
+Every class also derives from the built-in exception a Python user would
+catch for the same mistake (``ValueError`` for a bad shape, ``TypeError`` for
+a bad dtype), so ``except ValueError`` keeps working.
+"""
+
+
+class EveryOError(Exception):
+    """Base class of every error raised by EveryO."""
+
+
+class EveryOShapeError(EveryOError, ValueError):
+    """An input has the wrong rank or shape for a layer or an op.
+
+    The message names the layer (and its position inside a ``Sequential``),
+    the shape it expected and the shape it received.
+    """
+
+
+class EveryODTypeError(EveryOError, TypeError):
+    """An input has a dtype the layer or op cannot use (e.g. ints into Linear)."""
+
+
+class EveryOStateDictError(EveryOError, KeyError):
+    """A state dict has missing, unexpected or mis-shaped entries."""
+
+    def __str__(self):  # KeyError would otherwise repr() the message
+        return str(self.args[0]) if self.args else ""
+
+
+class EveryOSerializationError(EveryOError):
+    """A file cannot be written or read (corrupt, truncated, foreign), or a
+    model cannot be exported (unsupported layer)."""
+
+
+class EveryODistributedError(EveryOError, RuntimeError):
+    """A collective or a worker process failed."""

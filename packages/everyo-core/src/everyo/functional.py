@@ -1,0 +1,469 @@
+"""Differentiable primitive ops: elementwise, reductions, shapes, matmul.
+
+Each op computes its output with NumPy and hands ``Tensor._from_op`` one
+closure mapping the output gradient to its inputs' gradients. Ops whose
+precision matters go through :func:`everyo.dispatch.apply` first.
+"""
+import numpy as np
+
+from everyo import dispatch
+from everyo.dispatch import FLOAT32, LOW_PRECISION
+from everyo.tensor import Tensor
+
+__all__ = [
+    "add", "sub", "mul", "div", "neg", "pow", "matmul", "linear",
+    "sum", "mean", "max", "min", "var", "exp", "log", "sqrt", "abs", "clip",
+    "tanh", "sigmoid", "relu", "softmax", "log_softmax",
+    "reshape", "transpose", "flatten", "concatenate", "stack", "where", "astype",
+    "dropout",
+]
+
+_sum, _max, _min, _abs, _pow = sum, max, min, abs, pow  # builtins, before shadowing
+
+
+def _t(x, like=None):
+    """Wrap a non-Tensor operand as a constant (Python scalars stay weakly typed)."""
+    if isinstance(x, Tensor):
+        return x
+    if isinstance(x, (int, float, bool)) and like is not None:
+        return Tensor(np.asarray(x, dtype=like.data.dtype))
+    return Tensor(x)
+
+
+def unbroadcast(grad, shape):
+    """Sum ``grad`` down to ``shape``: the backward of NumPy broadcasting."""
+    if grad.shape == shape:
+        return grad
+    extra = grad.ndim - len(shape)
+    if extra:
+        grad = grad.sum(axis=tuple(range(extra)))
+    axes = tuple(i for i, n in enumerate(shape) if n == 1 and grad.shape[i] != 1)
+    if axes:
+        grad = grad.sum(axis=axes, keepdims=True)
+    return grad.reshape(shape)
+
+
+# --- arithmetic ----------------------------------------------------------
+def add(a, b):
+    a, b = _t(a, b if isinstance(b, Tensor) else None), _t(b, a if isinstance(a, Tensor) else None)
+    sa, sb = a.data.shape, b.data.shape
+
+    def backward(g):
+        return (unbroadcast(g, sa) if a.requires_grad else None,
+                unbroadcast(g, sb) if b.requires_grad else None)
+
+    return Tensor._from_op(a.data + b.data, (a, b), backward)
+
+
+def sub(a, b):
+    a, b = _t(a, b if isinstance(b, Tensor) else None), _t(b, a if isinstance(a, Tensor) else None)
+    sa, sb = a.data.shape, b.data.shape
+
+    def backward(g):
+        return (unbroadcast(g, sa) if a.requires_grad else None,
+                unbroadcast(-g, sb) if b.requires_grad else None)
+
+    return Tensor._from_op(a.data - b.data, (a, b), backward)
+
+
+def mul(a, b):
+    a, b = _t(a, b if isinstance(b, Tensor) else None), _t(b, a if isinstance(a, Tensor) else None)
+
+    def backward(g):
+        ga = unbroadcast(g * b.data, a.data.shape) if a.requires_grad else None
+        gb = unbroadcast(g * a.data, b.data.shape) if b.requires_grad else None
+        return ga, gb
+
+    return Tensor._from_op(a.data * b.data, (a, b), backward)
+
+
+def div(a, b):
+    a, b = _t(a, b if isinstance(b, Tensor) else None), _t(b, a if isinstance(a, Tensor) else None)
+
+    def backward(g):
+        ga = unbroadcast(g / b.data, a.data.shape) if a.requires_grad else None
+        gb = unbroadcast(-g * a.data / (b.data * b.data), b.data.shape) if b.requires_grad else None
+        return ga, gb
+
+    return Tensor._from_op(a.data / b.data, (a, b), backward)
+
+
+def neg(a):
+    return Tensor._from_op(-a.data, (a,), lambda g: (-g,))
+
+
+def pow(a, exponent):
+    """``a ** exponent`` (exponent a number or a Tensor); runs in float32 under autocast."""
+    a = _t(a)
+    if isinstance(exponent, Tensor):
+        a, exponent = dispatch.apply(FLOAT32, a, exponent)
+        out = np.power(a.data, exponent.data)
+
+        def backward(g):
+            ga = gb = None
+            if a.requires_grad:
+                ga = unbroadcast(g * exponent.data * np.power(a.data, exponent.data - 1), a.data.shape)
+            if exponent.requires_grad:
+                gb = unbroadcast(g * out * np.log(a.data), exponent.data.shape)
+            return ga, gb
+
+        return Tensor._from_op(out, (a, exponent), backward)
+    (a,) = dispatch.apply(FLOAT32, a)
+    p = exponent
+    x = a.data
+    if p == 2:
+        return Tensor._from_op(x * x, (a,), lambda g: (g * (2 * x),))
+    return Tensor._from_op(np.power(x, p), (a,), lambda g: (g * (p * np.power(x, p - 1)),))
+
+
+# --- matmul and the fused linear -------------------------------------------
+def _mm(x, y):
+    # NumPy's float16 matmul is a naive loop with no BLAS (hundreds of times
+    # slower). Upcasting to float32 for the BLAS call and casting the result
+    # down gives the same float16 rounding of the float32-accumulated product.
+    if x.dtype == np.float16 and y.dtype == np.float16:
+        return np.matmul(x.astype(np.float32), y.astype(np.float32)).astype(np.float16)
+    return np.matmul(x, y)
+
+
+def matmul(a, b):
+    """Matrix product with NumPy's broadcasting rules (1-D operands allowed)."""
+    a, b = dispatch.apply(LOW_PRECISION, _t(a), _t(b))
+    x, y = a.data, b.data
+    out = _mm(x, y)
+
+    def backward(g):
+        x2 = x[None, :] if x.ndim == 1 else x
+        y2 = y[:, None] if y.ndim == 1 else y
+        g2 = g
+        if x.ndim == 1:
+            g2 = np.expand_dims(g2, -2)
+        if y.ndim == 1:
+            g2 = np.expand_dims(g2, -1)
+        ga = gb = None
+        if a.requires_grad:
+            ga = _mm(g2, np.swapaxes(y2, -1, -2))
+            ga = unbroadcast(ga, x2.shape).reshape(x.shape)
+        if b.requires_grad:
+            gb = _mm(np.swapaxes(x2, -1, -2), g2)
+            gb = unbroadcast(gb, y2.shape).reshape(y.shape)
+        return ga, gb
+
+    return Tensor._from_op(out, (a, b), backward)
+
+
+def linear(x, weight, bias=None):
+    """``x @ weight + bias`` as one op; ``weight`` is (in, out) (Keras layout).
+
+    Leading axes of ``x`` are flattened into one batch axis so the product is a
+    single BLAS call.
+    """
+    if bias is None:
+        x, weight = dispatch.apply(LOW_PRECISION, _t(x), weight)
+    else:
+        x, weight, bias = dispatch.apply(LOW_PRECISION, _t(x), weight, bias)
+    xd, w = x.data, weight.data
+    lead = xd.shape[:-1]
+    x2 = xd.reshape(-1, xd.shape[-1])
+    out = _mm(x2, w)
+    if bias is not None:
+        out += bias.data
+    out = out.reshape(lead + (w.shape[1],))
+
+    def backward(g):
+        g2 = g.reshape(-1, g.shape[-1])
+        gx = _mm(g2, w.T).reshape(xd.shape) if x.requires_grad else None
+        gw = _mm(x2.T, g2) if weight.requires_grad else None
+        if bias is None:
+            return gx, gw
+        gb = g2.sum(axis=0, dtype=np.float32 if g2.dtype == np.float16 else None) if bias.requires_grad else None
+        return gx, gw, gb
+
+    parents = (x, weight) if bias is None else (x, weight, bias)
+    return Tensor._from_op(out, parents, backward)
+
+
+# --- reductions -----------------------------------------------------------
+def _axes(axis, ndim):
+    if axis is None:
+        return tuple(range(ndim))
+    if isinstance(axis, int):
+        axis = (axis,)
+    return tuple(sorted(a % ndim for a in axis))
+
+
+def _expand(g, shape, axes, keepdims):
+    if not keepdims:
+        g = np.expand_dims(g, axes)
+    return np.broadcast_to(g, shape)
+
+
+def sum(a, axis=None, keepdims=False):
+    (a,) = dispatch.apply(FLOAT32, _t(a))
+    shape, axes = a.data.shape, _axes(axis, a.data.ndim)
+    out = np.asarray(a.data.sum(axis=axes, keepdims=keepdims))
+    return Tensor._from_op(out, (a,), lambda g: (_expand(g, shape, axes, keepdims),))
+
+
+def mean(a, axis=None, keepdims=False):
+    (a,) = dispatch.apply(FLOAT32, _t(a))
+    shape, axes = a.data.shape, _axes(axis, a.data.ndim)
+    count = int(np.prod([shape[i] for i in axes])) if axes else 1
+    out = np.asarray(a.data.mean(axis=axes, keepdims=keepdims))
+    return Tensor._from_op(out, (a,), lambda g: (_expand(g / count, shape, axes, keepdims),))
+
+
+def var(a, axis=None, keepdims=False, ddof=0):
+    """Variance (``ddof=0``: the biased estimate, like NumPy)."""
+    (a,) = dispatch.apply(FLOAT32, _t(a))
+    x = a.data
+    shape, axes = x.shape, _axes(axis, x.ndim)
+    count = int(np.prod([shape[i] for i in axes])) if axes else 1
+    centered = x - x.mean(axis=axes, keepdims=True)
+    out = np.asarray((centered * centered).sum(axis=axes, keepdims=keepdims) / (count - ddof))
+
+    def backward(g):
+        return (_expand(g, shape, axes, keepdims) * centered * (2.0 / (count - ddof)),)
+
+    return Tensor._from_op(out, (a,), backward)
+
+
+def _extreme(a, axis, keepdims, reducer):
+    a = _t(a)
+    x = a.data
+    shape, axes = x.shape, _axes(axis, x.ndim)
+    kept = reducer(x, axis=axes, keepdims=True)
+    out = kept if keepdims else np.squeeze(kept, axis=axes)
+
+    def backward(g):
+        # Ties share the gradient equally, so the sum over the window is exact.
+        mask = x == kept
+        count = mask.sum(axis=axes, keepdims=True)
+        return (_expand(g, shape, axes, keepdims) * mask / count,)
+
+    return Tensor._from_op(np.asarray(out), (a,), backward)
+
+
+def max(a, axis=None, keepdims=False):
+    return _extreme(a, axis, keepdims, np.max)
+
+
+def min(a, axis=None, keepdims=False):
+    return _extreme(a, axis, keepdims, np.min)
+
+
+# --- elementwise ----------------------------------------------------------
+def exp(a):
+    (a,) = dispatch.apply(FLOAT32, _t(a))
+    out = np.exp(a.data)
+    return Tensor._from_op(out, (a,), lambda g: (g * out,))
+
+
+def log(a):
+    (a,) = dispatch.apply(FLOAT32, _t(a))
+    x = a.data
+    return Tensor._from_op(np.log(x), (a,), lambda g: (g / x,))
+
+
+def sqrt(a):
+    a = _t(a)
+    out = np.sqrt(a.data)
+    return Tensor._from_op(out, (a,), lambda g: (g / (2 * out),))
+
+
+def abs(a):
+    a = _t(a)
+    x = a.data
+    return Tensor._from_op(np.abs(x), (a,), lambda g: (g * np.sign(x),))
+
+
+def clip(a, min=None, max=None):
+    a = _t(a)
+    x = a.data
+    out = np.clip(x, min, max)
+
+    def backward(g):
+        inside = np.ones(x.shape, dtype=bool)
+        if min is not None:
+            inside &= x >= min
+        if max is not None:
+            inside &= x <= max
+        return (g * inside,)
+
+    return Tensor._from_op(out, (a,), backward)
+
+
+def tanh(a):
+    a = _t(a)
+    out = np.tanh(a.data)
+    return Tensor._from_op(out, (a,), lambda g: (g * (1 - out * out),))
+
+
+def sigmoid(a):
+    a = _t(a)
+    # exp(-log(1 + exp(-x))) never overflows, for either sign of x.
+    out = np.exp(-np.logaddexp(0, -a.data)).astype(a.data.dtype, copy=False)
+    return Tensor._from_op(out, (a,), lambda g: (g * out * (1 - out),))
+
+
+def relu(a):
+    a = _t(a)
+    out = np.maximum(a.data, 0)
+    return Tensor._from_op(out, (a,), lambda g: (g * (out > 0),))
+
+
+def softmax(a, axis=-1):
+    """Numerically stable softmax (the row maximum is subtracted first)."""
+    (a,) = dispatch.apply(FLOAT32, _t(a))
+    shifted = a.data - a.data.max(axis=axis, keepdims=True)
+    e = np.exp(shifted)
+    out = e / e.sum(axis=axis, keepdims=True)
+
+    def backward(g):
+        return (out * (g - (g * out).sum(axis=axis, keepdims=True)),)
+
+    return Tensor._from_op(out, (a,), backward)
+
+
+def log_softmax(a, axis=-1):
+    """Numerically stable ``log(softmax(a))`` via the log-sum-exp trick."""
+    (a,) = dispatch.apply(FLOAT32, _t(a))
+    shifted = a.data - a.data.max(axis=axis, keepdims=True)
+    out = shifted - np.log(np.exp(shifted).sum(axis=axis, keepdims=True))
+
+    def backward(g):
+        return (g - np.exp(out) * g.sum(axis=axis, keepdims=True),)
+
+    return Tensor._from_op(out, (a,), backward)
+
+
+# --- shapes ------------------------------------------------------------------
+def reshape(a, *shape):
+    if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
+        shape = tuple(shape[0])
+    a = _t(a)
+    old = a.data.shape
+    return Tensor._from_op(a.data.reshape(shape), (a,), lambda g: (g.reshape(old),))
+
+
+def flatten(a, start_axis=1):
+    a = _t(a)
+    return reshape(a, a.data.shape[:start_axis] + (-1,))
+
+
+def transpose(a, *axes):
+    if len(axes) == 1 and isinstance(axes[0], (tuple, list)):
+        axes = tuple(axes[0])
+    a = _t(a)
+    if not axes:
+        axes = tuple(reversed(range(a.data.ndim)))
+    inverse = tuple(np.argsort(axes))
+    return Tensor._from_op(a.data.transpose(axes), (a,), lambda g: (g.transpose(inverse),))
+
+
+def _is_advanced(index):
+    items = index if isinstance(index, tuple) else (index,)
+    return any(isinstance(i, (list, np.ndarray)) for i in items)
+
+
+def getitem(a, index):
+    if isinstance(index, Tensor):
+        index = index.data
+    elif isinstance(index, tuple):
+        index = tuple(i.data if isinstance(i, Tensor) else i for i in index)
+    x = a.data
+    out = x[index]
+
+    def backward(g):
+        full = np.zeros(x.shape, dtype=g.dtype)
+        if _is_advanced(index):
+            np.add.at(full, index, g)  # repeated indices accumulate
+        else:
+            full[index] = g
+        return (full,)
+
+    return Tensor._from_op(np.asarray(out), (a,), backward)
+
+
+def concatenate(tensors, axis=0):
+    tensors = [_t(t) for t in tensors]
+    sizes = [t.data.shape[axis] for t in tensors]
+    out = np.concatenate([t.data for t in tensors], axis=axis)
+    bounds = np.cumsum(sizes)[:-1]
+    return Tensor._from_op(out, tuple(tensors), lambda g: tuple(np.split(g, bounds, axis=axis)))
+
+
+def stack(tensors, axis=0):
+    tensors = [_t(t) for t in tensors]
+    out = np.stack([t.data for t in tensors], axis=axis)
+    n = len(tensors)
+    return Tensor._from_op(out, tuple(tensors), lambda g: tuple(np.take(g, i, axis=axis) for i in range(n)))
+
+
+def where(condition, a, b):
+    cond = condition.data if isinstance(condition, Tensor) else np.asarray(condition)
+    cond = cond.astype(bool, copy=False)
+    a, b = _t(a, b if isinstance(b, Tensor) else None), _t(b, a if isinstance(a, Tensor) else None)
+    sa, sb = a.data.shape, b.data.shape
+
+    def backward(g):
+        return unbroadcast(np.where(cond, g, 0), sa), unbroadcast(np.where(cond, 0, g), sb)
+
+    return Tensor._from_op(np.where(cond, a.data, b.data), (a, b), backward)
+
+
+def astype(a, dtype):
+    """Differentiable cast: the gradient comes back in ``a``'s own dtype."""
+    a = _t(a)
+    dtype = np.dtype(dtype)
+    if a.data.dtype == dtype:
+        return a
+    src = a.data.dtype
+    return Tensor._from_op(a.data.astype(dtype), (a,), lambda g: (g.astype(src),))
+
+
+def dropout(a, p=0.5, training=True, rng=None):
+    """Inverted dropout: zero each element with probability ``p``, scale the rest by 1/(1-p)."""
+    a = _t(a)
+    if not training or p == 0:
+        return a
+    if not 0 <= p < 1:
+        raise ValueError(f"dropout probability must be in [0, 1), got {p}")
+    rng = rng if rng is not None else np.random.default_rng()
+    mask = (rng.random(a.data.shape) >= p).astype(a.data.dtype) * np.asarray(1.0 / (1.0 - p), a.data.dtype)
+    return Tensor._from_op(a.data * mask, (a,), lambda g: (g * mask,))
+
+
+# --- Tensor methods and operators -----------------------------------------------
+def _reflect(fn):
+    return lambda self, other: fn(other, self)
+
+
+def _cmp(op):
+    return lambda self, other: Tensor(op(self.data, other.data if isinstance(other, Tensor) else other))
+
+
+Tensor.__add__ = add
+Tensor.__radd__ = _reflect(add)
+Tensor.__sub__ = sub
+Tensor.__rsub__ = _reflect(sub)
+Tensor.__mul__ = mul
+Tensor.__rmul__ = _reflect(mul)
+Tensor.__truediv__ = div
+Tensor.__rtruediv__ = _reflect(div)
+Tensor.__neg__ = neg
+Tensor.__pow__ = pow
+Tensor.__matmul__ = matmul
+Tensor.__rmatmul__ = _reflect(matmul)
+Tensor.__getitem__ = getitem
+Tensor.__gt__ = _cmp(np.greater)
+Tensor.__ge__ = _cmp(np.greater_equal)
+Tensor.__lt__ = _cmp(np.less)
+Tensor.__le__ = _cmp(np.less_equal)
+for _name in ("sum", "mean", "max", "min", "var", "exp", "log", "sqrt", "abs", "clip",
+              "tanh", "sigmoid", "relu", "reshape", "transpose", "flatten", "astype"):
+    setattr(Tensor, _name, globals()[_name])
+Tensor.softmax = softmax
+Tensor.log_softmax = log_softmax
+Tensor.T = property(lambda self: transpose(self))
+Tensor.matmul = matmul

@@ -1,0 +1,14 @@
+"""Layers (Keras names, NHWC) and losses."""
+from everyo.nn.module import Module, Sequential
+from everyo.tensor import Parameter
+from everyo.nn.linear import Linear
+from everyo.nn.conv import Conv2D, MaxPool2D, AvgPool2D
+from everyo.nn.activation import ReLU, Sigmoid, Tanh, Softmax, LogSoftmax, Flatten, Dropout
+from everyo.nn.normalization import BatchNorm1D, BatchNorm2D, LayerNorm
+from everyo.nn.loss import MSELoss, CrossEntropyLoss, BCEWithLogitsLoss
+
+__all__ = [
+    "Module", "Sequential", "Parameter", "Linear", "Conv2D", "MaxPool2D", "AvgPool2D",
+    "ReLU", "Sigmoid", "Tanh", "Softmax", "LogSoftmax", "Flatten", "Dropout",
+    "BatchNorm1D", "BatchNorm2D", "LayerNorm", "MSELoss", "CrossEntropyLoss", "BCEWithLogitsLoss",
+]

@@ -1,0 +1,169 @@
+"""The Tensor: a NumPy array plus what autograd needs to differentiate it.
+
+Ops live in :mod:`everyo.functional` (elementwise, reductions, shapes,
+matmul) and :mod:`everyo.conv` (convolution, pooling); they are attached to
+``Tensor`` as methods and operators there, so this file stays about state.
+"""
+import numpy as np
+
+from everyo import autograd
+
+_FLOAT_DEFAULT = np.float32
+
+
+class Tensor:
+    """An n-dimensional array that records the ops applied to it.
+
+    Args:
+        data: array-like. NumPy arrays keep their dtype; Python floats and
+            lists of floats become float32, Python ints int64.
+        requires_grad: whether gradients should be accumulated into ``.grad``.
+        dtype: optional dtype to convert ``data`` to.
+
+    Example:
+        >>> x = eo.tensor([[1.0, 2.0]], requires_grad=True)
+        >>> (x * x).sum().backward()
+        >>> x.grad
+        array([[2., 4.]], dtype=float32)
+    """
+
+    __slots__ = ("data", "grad", "requires_grad", "_parents", "_backward", "_retain", "__weakref__")
+    __array_priority__ = 1000  # ndarray (op) Tensor defers to Tensor's reflected op
+
+    def __init__(self, data, requires_grad=False, dtype=None):
+        self.data = _to_array(data, dtype)
+        if requires_grad and not np.issubdtype(self.data.dtype, np.floating):
+            raise TypeError(f"only floating-point tensors can require grad, got {self.data.dtype}")
+        self.grad = None
+        self.requires_grad = bool(requires_grad)
+        self._parents = ()
+        self._backward = None
+        self._retain = False
+
+    # --- construction from an op ---------------------------------------
+    @staticmethod
+    def _from_op(data, parents, backward):
+        """Wrap an op's output; record the graph only when a parent needs it."""
+        out = Tensor.__new__(Tensor)
+        out.data = data
+        out.grad = None
+        out._retain = False
+        if autograd.is_grad_enabled() and any(p.requires_grad for p in parents):
+            out.requires_grad = True
+            out._parents = parents
+            out._backward = backward
+        else:
+            out.requires_grad = False
+            out._parents = ()
+            out._backward = None
+        return out
+
+    # --- properties ----------------------------------------------------
+    @property
+    def dtype(self):
+        """The dtype's name, e.g. ``'float32'``."""
+        return self.data.dtype.name
+
+    @property
+    def shape(self):
+        return self.data.shape
+
+    @property
+    def ndim(self):
+        return self.data.ndim
+
+    @property
+    def size(self):
+        return self.data.size
+
+    @property
+    def is_leaf(self):
+        return self._backward is None
+
+    def __len__(self):
+        return len(self.data)
+
+    def numpy(self):
+        return self.data
+
+    def item(self):
+        return self.data.item()
+
+    def __array__(self, dtype=None, copy=None):
+        return self.data if dtype is None else self.data.astype(dtype)
+
+    def __repr__(self):
+        body = np.array2string(self.data, separator=", ", prefix="tensor(")
+        extra = ", requires_grad=True" if self.requires_grad else ""
+        return f"tensor({body}, dtype={self.dtype}{extra})"
+
+    # --- autograd ------------------------------------------------------
+    def backward(self, grad=None):
+        """Accumulate d(self)/d(leaf) into every leaf's ``.grad``; frees the graph."""
+        autograd.backward(self, grad)
+
+    def retain_grad(self):
+        """Keep this non-leaf tensor's gradient in ``.grad`` after backward()."""
+        self._retain = True
+        return self
+
+    def detach(self):
+        return Tensor(self.data)
+
+    def zero_grad(self):
+        self.grad = None
+
+
+class Parameter(Tensor):
+    """A Tensor that a Module registers as trainable (``requires_grad=True``)."""
+
+    __slots__ = ()
+
+    def __init__(self, data, dtype=None):
+        super().__init__(data, requires_grad=True, dtype=dtype)
+
+    def __repr__(self):
+        return "Parameter(" + super().__repr__() + ")"
+
+
+def _to_array(data, dtype=None):
+    if isinstance(data, Tensor):
+        data = data.data
+    if isinstance(data, np.ndarray):
+        arr = data
+    else:
+        arr = np.asarray(data)
+        if arr.dtype == np.float64 and dtype is None:
+            arr = arr.astype(_FLOAT_DEFAULT)  # Python floats -> float32, like PyTorch
+    if dtype is not None:
+        arr = arr.astype(np.dtype(dtype), copy=False)
+    return arr
+
+
+def tensor(data, dtype=None, requires_grad=False):
+    """Create a Tensor. NumPy arrays keep their dtype unless ``dtype`` is given."""
+    return Tensor(data, requires_grad=requires_grad, dtype=dtype)
+
+
+def _shape(shape):
+    if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
+        return tuple(shape[0])
+    return tuple(shape)
+
+
+def ones(*shape, dtype="float32", requires_grad=False):
+    return Tensor(np.ones(_shape(shape), dtype=dtype), requires_grad=requires_grad)
+
+
+def zeros(*shape, dtype="float32", requires_grad=False):
+    return Tensor(np.zeros(_shape(shape), dtype=dtype), requires_grad=requires_grad)
+
+
+def randn(*shape, seed=None, dtype="float32", requires_grad=False):
+    """Standard-normal samples; ``seed=`` makes them reproducible."""
+    rng = np.random.default_rng(seed)
+    return Tensor(rng.standard_normal(_shape(shape)).astype(dtype), requires_grad=requires_grad)
+
+
+def arange(*args, dtype=None):
+    return Tensor(np.arange(*args, dtype=dtype))
