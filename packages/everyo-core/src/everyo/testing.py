@@ -60,6 +60,7 @@ def check_gradients(fn, inputs, params=(), *, eps=1e-6, atol=1e-6, rtol=1e-5, se
     for k, t in enumerate(targets):
         got = np.zeros_like(t.data) if t.grad is None else np.asarray(t.grad, dtype=np.float64)
         numeric = np.zeros_like(t.data)
+        t.data = np.ascontiguousarray(t.data)
         flat = t.data.reshape(-1)  # a view: perturbs t.data in place
         for i in range(flat.size):
             orig = flat[i]
