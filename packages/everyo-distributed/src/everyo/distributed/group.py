@@ -121,7 +121,7 @@ def prepare_array(array, op: str) -> np.ndarray:
     data = getattr(array, "data", array) if not isinstance(array, np.ndarray) else array
     data = np.ascontiguousarray(data)
     kind = data.dtype.kind
-    if kind not in "fiu":
+    if kind not in ("fiub" if op == "broadcast" else "fiu"):
         raise EveryODistributedError(
             f"{op}: dtype {data.dtype} is not supported; collectives take float or integer arrays"
         )

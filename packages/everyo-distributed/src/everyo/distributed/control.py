@@ -1,0 +1,211 @@
+"""The control block: a small shared-memory segment holding the barrier, the abort word and the records.
+
+Layout, in 64-byte lines (one cache line each, so ranks spinning on a peer's
+counter do not fight over the line the peer writes):
+
+* line 0: ``abort`` (0, or ``failed rank + 1`` once anything failed),
+  ``generation`` and ``capacity`` of the data segment, ``world_size``;
+* line ``1 + r``: rank ``r``'s barrier ``counter``, its ``state``
+  (running / returned / failed) and its pid -- written only by rank ``r``;
+* then ``2 * world_size`` 64-byte :class:`CollectiveRecord` slots, double
+  buffered by the collective's parity: a rank can only reuse the slot of
+  collective ``n`` at ``n + 2``, after every rank passed the barrier of
+  ``n + 1``, i.e. after every rank finished reading the records of ``n``.
+
+The barrier needs no atomic read-modify-write: at its ``k``-th barrier a rank
+stores ``k`` into its own counter and waits until every peer's counter is at
+least ``k``. An aligned 8-byte store is atomic on x86-64 and stores are seen in
+program order (TSO), so a peer that sees the counter also sees the data written
+before it. (Weakly ordered CPUs would need a fence here; this module targets
+x86-64 Linux, where it is tested.)
+
+Waiting spins briefly (a barrier between two busy cores costs about a
+microsecond), then yields the core, then sleeps, so oversubscribed workers
+(more ranks than cores) do not starve the rank everybody is waiting for.
+While waiting it notices an abort, a peer that returned or failed without
+reaching the barrier, and a parent that died.
+"""
+from __future__ import annotations
+
+import os
+import time
+
+from everyo.errors import EveryODistributedError
+from everyo.distributed.group import CollectiveRecord
+from everyo.distributed.shm import Segment, attach_segment, create_segment
+
+__all__ = ["ControlBlock", "RUNNING", "RETURNED", "FAILED", "PeerAbortedError"]
+
+_LINE_WORDS = 8  # 64 bytes
+_ABORT, _GENERATION, _CAPACITY, _WORLD = 0, 1, 2, 3
+_COUNTER, _STATE, _PID = 0, 1, 2
+RUNNING, RETURNED, FAILED = 0, 1, 2
+_STATE_NAMES = {RUNNING: "running", RETURNED: "returned from its worker", FAILED: "failed"}
+
+_SPIN_CHECKS = 2000        # ~100-200 us of pure spinning
+_YIELD_SECONDS = 0.02      # then sched_yield until 20 ms have passed
+_SLEEP_SECONDS = 0.0005    # then sleep in 0.5 ms steps
+
+
+class PeerAbortedError(EveryODistributedError):
+    """Raised in a rank released from a collective because another rank failed first.
+
+    ``spawn`` reports the first failure, not these consequences of it.
+    """
+
+
+def control_size(world_size: int) -> int:
+    return (1 + world_size + 2 * world_size) * _LINE_WORDS * 8
+
+
+class ControlBlock:
+    """One process's view of the control segment."""
+
+    def __init__(self, segment: Segment, world_size: int, rank: int = -1):
+        self.segment = segment
+        self.world_size = world_size
+        self.rank = rank
+        self.words = memoryview(segment.buf).cast("q")
+        self._records_offset = (1 + world_size) * _LINE_WORDS * 8
+        self._barriers = 0
+        self._parent = os.getppid()
+
+    # -- creation / attachment ------------------------------------------------
+    @classmethod
+    def create(cls, name: str, world_size: int) -> "ControlBlock":
+        block = cls(create_segment(name, control_size(world_size)), world_size)
+        block.words[_WORLD] = world_size
+        return block
+
+    @classmethod
+    def attach(cls, name: str, world_size: int, rank: int) -> "ControlBlock":
+        block = cls(attach_segment(name, control_size(world_size)), world_size, rank)
+        block.words[block._line(rank) + _PID] = os.getpid()
+        return block
+
+    def close(self) -> None:
+        if self.words is not None:
+            self.words.release()
+            self.words = None
+        self.segment.close()
+
+    # -- fields -----------------------------------------------------------------
+    @staticmethod
+    def _line(rank: int) -> int:
+        return (1 + rank) * _LINE_WORDS
+
+    @property
+    def abort_rank(self) -> int:
+        """The rank whose failure aborted the group, or -1."""
+        return self.words[_ABORT] - 1
+
+    def abort(self, failed_rank: int) -> None:
+        if self.words[_ABORT] == 0:
+            self.words[_ABORT] = failed_rank + 1
+
+    def data_segment(self):
+        return self.words[_GENERATION], self.words[_CAPACITY]
+
+    def set_data_segment(self, generation: int, capacity: int) -> None:
+        self.words[_CAPACITY] = capacity
+        self.words[_GENERATION] = generation
+
+    def state(self, rank: int) -> int:
+        return self.words[self._line(rank) + _STATE]
+
+    def set_state(self, state: int) -> None:
+        self.words[self._line(self.rank) + _STATE] = state
+
+    def counter(self, rank: int) -> int:
+        return self.words[self._line(rank) + _COUNTER]
+
+    # -- records ------------------------------------------------------------------
+    def _record_offset(self, seq: int, rank: int) -> int:
+        return self._records_offset + ((seq & 1) * self.world_size + rank) * CollectiveRecord.PACKED_SIZE
+
+    def publish(self, record: CollectiveRecord) -> bytes:
+        packed = record.pack()
+        start = self._record_offset(record.seq, self.rank)
+        self.segment.buf[start:start + len(packed)] = packed
+        return packed
+
+    def records_match(self, seq: int, packed: bytes) -> bool:
+        buf, size = self.segment.buf, CollectiveRecord.PACKED_SIZE
+        for rank in range(self.world_size):
+            start = self._record_offset(seq, rank)
+            if buf[start:start + size] != packed:
+                return False
+        return True
+
+    def records(self, seq: int):
+        size = CollectiveRecord.PACKED_SIZE
+        out = []
+        for rank in range(self.world_size):
+            start = self._record_offset(seq, rank)
+            out.append(CollectiveRecord.unpack(self.segment.buf[start:start + size]))
+        return out
+
+    def last_record(self, rank: int):
+        """The latest record ``rank`` published (for diagnostics), or ``None``."""
+        size = CollectiveRecord.PACKED_SIZE
+        best = None
+        for parity in (0, 1):
+            start = self._record_offset(parity, rank)
+            raw = self.segment.buf[start:start + size]
+            if raw == bytes(size):
+                continue
+            record = CollectiveRecord.unpack(raw)
+            if best is None or record.seq > best.seq:
+                best = record
+        return best
+
+    def is_waiting(self, rank: int) -> bool:
+        """Whether ``rank`` has arrived at a barrier its peers have not all reached."""
+        mine = self.counter(rank)
+        return any(self.counter(peer) < mine for peer in range(self.world_size))
+
+    # -- the barrier ----------------------------------------------------------------
+    def barrier(self, record: CollectiveRecord) -> None:
+        """Wait until every rank has arrived at this barrier (``record`` is only for errors)."""
+        self._barriers += 1
+        target = self._barriers
+        words = self.words
+        words[self._line(self.rank) + _COUNTER] = target
+        for peer in range(self.world_size):
+            index = self._line(peer) + _COUNTER
+            checks = 0
+            while words[index] < target:
+                checks += 1
+                if words[_ABORT] or checks >= _SPIN_CHECKS:
+                    self._wait_slowly(peer, target, record)
+                    break
+
+    def _wait_slowly(self, peer: int, target: int, record: CollectiveRecord) -> None:
+        words = self.words
+        index = self._line(peer) + _COUNTER
+        state_index = self._line(peer) + _STATE
+        start = time.monotonic()
+        while words[index] < target:
+            if words[_ABORT]:
+                failed = words[_ABORT] - 1
+                raise PeerAbortedError(
+                    f"rank {self.rank} was released from {record.describe()} because rank {failed} failed"
+                )
+            if words[state_index] != RUNNING and words[index] < target:
+                # Re-read the counter: the peer stores it before its state.
+                raise EveryODistributedError(
+                    f"rank {self.rank} is waiting in {record.describe()} but rank {peer} "
+                    f"{_STATE_NAMES[words[state_index]]} without calling it. Every rank must call "
+                    "the same collectives the same number of times; the usual cause is a rank that "
+                    "took a different path through the loop."
+                )
+            waited = time.monotonic() - start
+            if waited < _YIELD_SECONDS:
+                os.sched_yield()
+            else:
+                if os.getppid() != self._parent:
+                    raise EveryODistributedError(
+                        f"rank {self.rank}: the parent process died while this rank waited in "
+                        f"{record.describe()}; stopping"
+                    )
+                time.sleep(_SLEEP_SECONDS)

@@ -1,0 +1,260 @@
+"""``spawn``: run ``worker(group, *args)`` in ``world_size`` processes, loudly.
+
+The parent owns every resource (the processes, the control segment, the data
+segments) and releases all of them in one ``finally``, whatever happened. It
+waits on the workers' result pipes and process sentinels together, so a worker
+that raised, one that died without a word (a signal, ``os._exit``) and a
+timeout are all noticed at once; it then sets the control block's abort word,
+which releases every rank blocked in a collective, and stops whatever is left.
+"""
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import os
+import signal
+import time
+import traceback
+import warnings
+from multiprocessing import connection
+
+from everyo.errors import EveryODistributedError
+from everyo.distributed.control import ControlBlock, PeerAbortedError
+from everyo.distributed.shm import new_segment_name, unlink_segment
+from everyo.distributed.shm_group import SharedMemoryGroup, data_segment_name
+from everyo.distributed.threads import worker_thread_env
+
+__all__ = ["spawn"]
+
+_GRACE_SECONDS = 1.0   # after a failure: how long the other ranks get to stop on their own
+_TIMEOUT_HINT = (
+    "If spawn times out, the usual cause is a rank that took a different path through the "
+    "loop: every rank must call the same collectives the same number of times, or the ones "
+    "that reached the barrier wait forever for the one that did not."
+)
+
+
+def spawn(worker, world_size: int, args=(), timeout=None) -> list:
+    """Run ``worker(group, *args)`` in ``world_size`` new processes; return their results by rank.
+
+    Processes use the ``spawn`` start method, so ``worker`` must be a
+    module-level function, ``args`` and the results must pickle, and a script
+    calling ``spawn`` must do so under ``if __name__ == "__main__":``. Each
+    worker's first argument is a :class:`~everyo.distributed.group.ProcessGroup`
+    backed by shared memory.
+
+    Unless the user set a BLAS thread variable (``OMP_NUM_THREADS`` ...), each
+    worker gets ``max(1, cores // world_size)`` BLAS threads through its
+    environment; a ``RuntimeWarning`` says when the cores are still
+    oversubscribed.
+
+    Raises:
+        EveryODistributedError: a worker raised (the message names the rank and
+            shows its traceback), died (rank and exit code or signal), or
+            ``timeout`` seconds passed (which ranks had not finished, and where
+            they were). The other workers are stopped, and no process or
+            shared-memory segment is left behind.
+    """
+    if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
+        raise ValueError(f"spawn: world_size must be a positive int, got {world_size!r}")
+    if not callable(worker):
+        raise TypeError(f"spawn: worker must be callable, got {worker!r}")
+    if timeout is not None and not timeout > 0:
+        raise ValueError(f"spawn: timeout must be positive seconds or None, got {timeout!r}")
+    args = tuple(args)
+    updates, warning = worker_thread_env(world_size)
+    if warning:
+        warnings.warn(warning, RuntimeWarning, stacklevel=2)
+
+    control_name = new_segment_name("everyo")
+    control = ControlBlock.create(control_name, world_size)
+    context = multiprocessing.get_context("spawn")
+    processes, pipes = [], []
+    try:
+        with _environment(updates):
+            for rank in range(world_size):
+                reader, writer = context.Pipe(duplex=False)
+                pipes.append(reader)
+                process = context.Process(
+                    target=_worker_main,
+                    args=(worker, args, rank, world_size, control_name, writer),
+                    name=f"everyo-rank-{rank}",
+                )
+                try:
+                    process.start()
+                except Exception as exc:
+                    raise EveryODistributedError(
+                        f"spawn could not start rank {rank}: {type(exc).__name__}: {exc}. The worker "
+                        "and its args are pickled into each new process, so the worker must be a "
+                        "module-level function and args must be picklable."
+                    ) from exc
+                finally:
+                    writer.close()
+                processes.append(process)
+        return _supervise(processes, pipes, control, timeout)
+    finally:
+        _stop(processes)
+        for pipe in pipes:
+            pipe.close()
+        generation, _ = control.data_segment()
+        control.close()
+        # Rank 0 unlinks superseded generations itself; one past the published
+        # one covers a rank 0 that died between creating and publishing it.
+        for g in range(1, generation + 2):
+            unlink_segment(data_segment_name(control_name, g))
+        unlink_segment(control_name)
+
+
+@contextlib.contextmanager
+def _environment(updates):
+    saved = {name: os.environ.get(name) for name in updates}
+    os.environ.update(updates)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def _worker_main(worker, args, rank, world_size, control_name, pipe):
+    """Entry point of each spawned process."""
+    group = None
+    try:
+        group = SharedMemoryGroup(control_name, rank, world_size)
+        result = worker(group, *args)
+        group._finish(ok=True)
+        try:
+            pipe.send(("ok", result))
+        except Exception as exc:
+            group._control.abort(rank)
+            pipe.send(("error", f"rank {rank} returned a value that cannot be sent to the parent "
+                                f"({type(exc).__name__}: {exc}); return NumPy arrays or plain Python data",
+                       traceback.format_exc(), False))
+    except BaseException as exc:  # noqa: B902 - every failure must reach the parent
+        if group is not None:
+            group._finish(ok=False)
+        secondary = isinstance(exc, PeerAbortedError)
+        pipe.send(("error", f"rank {rank} raised {type(exc).__name__}: {exc}",
+                   traceback.format_exc(), secondary))
+    finally:
+        if group is not None:
+            group.close()
+        pipe.close()
+
+
+def _supervise(processes, pipes, control, timeout):
+    world_size = len(processes)
+    results = [None] * world_size
+    finished = [False] * world_size
+    failures = []   # (priority, order, rank, message); lower priority = reported first
+    by_handle = {}
+    for rank, (process, pipe) in enumerate(zip(processes, pipes)):
+        by_handle[pipe] = ("pipe", rank)
+        by_handle[process.sentinel] = ("exit", rank)
+    deadline = None if timeout is None else time.monotonic() + timeout
+    grace_deadline = None
+
+    def receive(rank, pipe):
+        try:
+            message = pipe.recv()
+        except (EOFError, OSError):
+            return False
+        if message[0] == "ok":
+            results[rank] = message[1]
+            finished[rank] = True
+        else:
+            _, text, remote_tb, secondary = message
+            failures.append((2 if secondary else 0, len(failures), rank,
+                             f"{text}\n\nTraceback of rank {rank}:\n{remote_tb.rstrip()}"))
+        return True
+
+    while by_handle and not all(finished):
+        now = time.monotonic()
+        if failures and grace_deadline is None:
+            control.abort(failures[0][2])
+            grace_deadline = now + _GRACE_SECONDS
+        limits = [d for d in (deadline, grace_deadline) if d is not None]
+        wait_for = None if not limits else max(0.0, min(limits) - now)
+        if grace_deadline is not None and now >= grace_deadline:
+            break
+        if deadline is not None and now >= deadline and not failures:
+            raise EveryODistributedError(_timeout_message(timeout, finished, control))
+        ready = connection.wait(list(by_handle), timeout=wait_for)
+        for handle in ready:
+            kind, rank = by_handle.pop(handle)
+            if kind == "pipe":
+                receive(rank, handle)
+                continue
+            # The process exited: read a message it sent just before, if any.
+            pipe = pipes[rank]
+            if pipe in by_handle:
+                del by_handle[pipe]
+                if pipe.poll() and receive(rank, pipe):
+                    continue
+            if not finished[rank] and not any(f[2] == rank for f in failures):
+                processes[rank].join()
+                failures.append((1, len(failures), rank, _death_message(rank, processes[rank].exitcode)))
+    if failures:
+        failures.sort()
+        first = failures[0]
+        others = sorted({f[2] for f in failures[1:] if f[2] != first[2]})
+        message = first[3]
+        if others:
+            message += f"\n\n(ranks also failed or were stopped: {', '.join(map(str, others))})"
+        error = EveryODistributedError(message)
+        error.rank = first[2]
+        raise error
+    return results
+
+
+def _death_message(rank, exitcode):
+    if exitcode is not None and exitcode < 0:
+        try:
+            name = signal.Signals(-exitcode).name
+        except ValueError:
+            name = f"signal {-exitcode}"
+        cause = f"was killed by {name}"
+        if -exitcode == signal.SIGKILL:
+            cause += " (the kernel's out-of-memory killer sends this too)"
+    else:
+        cause = f"exited with code {exitcode}"
+    return (
+        f"rank {rank} {cause} without returning from its worker or raising. "
+        "If it printed a bootstrapping error above, the script that calls spawn needs an "
+        "`if __name__ == \"__main__\":` guard."
+    )
+
+
+def _timeout_message(timeout, finished, control):
+    lines = []
+    for rank, done in enumerate(finished):
+        if done:
+            lines.append(f"  rank {rank}: finished")
+            continue
+        record = control.last_record(rank)
+        if record is None:
+            where = "had not called any collective"
+        elif control.is_waiting(rank):
+            where = f"waiting in {record.describe()}"
+        else:
+            where = f"running (its last collective: {record.describe()})"
+        lines.append(f"  rank {rank}: {where}")
+    unfinished = [str(r) for r, done in enumerate(finished) if not done]
+    return (
+        f"spawn timed out after {timeout} s; rank(s) {', '.join(unfinished)} had not finished:\n"
+        + "\n".join(lines) + "\n" + _TIMEOUT_HINT
+    )
+
+
+def _stop(processes):
+    for process in processes:
+        if process.is_alive():
+            process.terminate()
+    for process in processes:
+        process.join(2.0)
+        if process.is_alive():
+            process.kill()
+            process.join()
