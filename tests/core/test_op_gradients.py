@@ -1,0 +1,117 @@
+"""Every differentiable op against central finite differences (float64),
+through the one shared checker."""
+import numpy as np
+import pytest
+
+import everyo as eo
+from everyo.testing import check_gradients
+
+rng = np.random.default_rng(0)
+
+
+def r(*shape, positive=False, low=None):
+    a = rng.standard_normal(shape)
+    if positive:
+        a = np.abs(a) + 0.5
+    return a
+
+
+CASES = [
+    ("add_broadcast", lambda a, b: a + b, [r(3, 4), r(4)]),
+    ("add_keepdim_broadcast", lambda a, b: a + b, [r(3, 1, 4), r(2, 1)]),
+    ("sub", lambda a, b: a - b, [r(3, 4), r(3, 1)]),
+    ("rsub_scalar", lambda a: 2.0 - a, [r(3)]),
+    ("mul_broadcast", lambda a, b: a * b, [r(2, 3), r(1, 3)]),
+    ("div", lambda a, b: a / b, [r(2, 3), r(2, 3, positive=True)]),
+    ("rdiv_scalar", lambda a: 1.0 / a, [r(4, positive=True)]),
+    ("neg", lambda a: -a, [r(5)]),
+    ("pow_scalar", lambda a: a ** 3, [r(4)]),
+    ("pow_square", lambda a: a ** 2, [r(4)]),
+    ("pow_fractional", lambda a: a ** 1.5, [r(4, positive=True)]),
+    ("pow_tensor", lambda a, b: a ** b, [r(4, positive=True), r(4)]),
+    ("matmul_2d", lambda a, b: a @ b, [r(3, 4), r(4, 2)]),
+    ("matmul_batched_broadcast", lambda a, b: a @ b, [r(2, 3, 4), r(4, 5)]),
+    ("matmul_vec_left", lambda a, b: a @ b, [r(4), r(4, 3)]),
+    ("matmul_vec_right", lambda a, b: a @ b, [r(3, 4), r(4)]),
+    ("linear", lambda x, w, b: eo.linear(x, w, b), [r(5, 3), r(3, 2), r(2)]),
+    ("linear_rank3", lambda x, w, b: eo.linear(x, w, b), [r(2, 5, 3), r(3, 2), r(2)]),
+    ("linear_nobias", lambda x, w: eo.linear(x, w), [r(5, 3), r(3, 2)]),
+    ("sum_all", lambda a: a.sum(), [r(3, 4)]),
+    ("sum_axis", lambda a: a.sum(axis=1), [r(3, 4, 2)]),
+    ("sum_axes_keepdims", lambda a: a.sum(axis=(0, 2), keepdims=True), [r(3, 4, 2)]),
+    ("mean_axis", lambda a: eo.mean(a, axis=0), [r(3, 4)]),
+    ("mean_all", lambda a: eo.mean(a), [r(3, 4)]),
+    ("var_axis", lambda a: eo.var(a, axis=1), [r(3, 5)]),
+    ("var_ddof1_keepdims", lambda a: eo.var(a, axis=0, keepdims=True, ddof=1), [r(4, 3)]),
+    ("max_axis", lambda a: eo.max(a, axis=1), [r(3, 5)]),
+    ("max_all", lambda a: eo.max(a), [r(3, 5)]),
+    ("min_axis_keepdims", lambda a: eo.min(a, axis=0, keepdims=True), [r(4, 3)]),
+    ("exp", eo.exp, [r(3, 3)]),
+    ("log", eo.log, [r(3, 3, positive=True)]),
+    ("sqrt", eo.sqrt, [r(3, 3, positive=True)]),
+    ("abs", eo.abs, [r(3, 3, positive=True) * np.array([1, -1, 1])]),
+    ("clip", lambda a: eo.clip(a, -0.5, 0.5), [np.array([-1.3, -0.2, 0.1, 0.4, 0.9, 2.0])]),
+    ("tanh", eo.tanh, [r(3, 3)]),
+    ("sigmoid", eo.sigmoid, [r(3, 3) * 3]),
+    ("relu", eo.relu, [np.array([-1.0, -0.3, 0.2, 1.5])]),
+    ("softmax", lambda a: eo.softmax(a, axis=-1), [r(3, 4)]),
+    ("softmax_axis0", lambda a: eo.softmax(a, axis=0), [r(3, 4)]),
+    ("log_softmax", lambda a: eo.log_softmax(a, axis=1), [r(3, 4)]),
+    ("reshape", lambda a: a.reshape(4, 3) * eo.tensor(np.arange(12.0).reshape(4, 3)), [r(3, 4)]),
+    ("transpose", lambda a: a.transpose(2, 0, 1), [r(2, 3, 4)]),
+    ("T", lambda a: a.T, [r(2, 3)]),
+    ("flatten", lambda a: eo.flatten(a), [r(2, 3, 4)]),
+    ("getitem_slice", lambda a: a[1:, ::2], [r(3, 4)]),
+    ("getitem_int", lambda a: a[1], [r(3, 4)]),
+    ("getitem_fancy_repeated", lambda a: a[np.array([0, 2, 0, 0])], [r(3, 4)]),
+    ("getitem_tuple_fancy", lambda a: a[np.array([0, 1, 1]), np.array([2, 0, 2])], [r(3, 4)]),
+    ("concatenate", lambda a, b: eo.concatenate([a, b], axis=1), [r(2, 3), r(2, 2)]),
+    ("stack", lambda a, b: eo.stack([a, b], axis=1), [r(2, 3), r(2, 3)]),
+    ("where", lambda a, b: eo.where(np.array([[True, False, True]]), a, b), [r(2, 3), r(3)]),
+    ("conv2d_valid", lambda x, w, b: eo.conv2d(x, w, b), [r(2, 5, 5, 2), r(3, 3, 2, 3), r(3)]),
+    ("conv2d_same_stride2_odd", lambda x, w, b: eo.conv2d(x, w, b, stride=2, padding="same"),
+     [r(1, 7, 5, 2), r(3, 2, 2, 2), r(2)]),
+    ("conv2d_same_k5", lambda x, w: eo.conv2d(x, w, None, stride=1, padding="same"), [r(1, 5, 5, 1), r(5, 5, 1, 2)]),
+    ("max_pool2d", lambda x: eo.max_pool2d(x, 2), [r(2, 4, 6, 2)]),
+    ("max_pool2d_same_stride", lambda x: eo.max_pool2d(x, 3, stride=2, padding="same"), [r(1, 5, 5, 2)]),
+    ("avg_pool2d", lambda x: eo.avg_pool2d(x, 2), [r(2, 4, 4, 2)]),
+    ("avg_pool2d_same_odd", lambda x: eo.avg_pool2d(x, 3, stride=2, padding="same"), [r(1, 5, 7, 2)]),
+    ("mse_loss", lambda p, t: eo.mse_loss(p, t), [r(4, 2), r(4, 2)]),
+    ("mse_loss_sum", lambda p: eo.mse_loss(p, eo.tensor(np.ones((4, 2))), reduction="sum"), [r(4, 2)]),
+    ("cross_entropy", lambda z: eo.cross_entropy(z, np.array([0, 2, 1, 2])), [r(4, 3)]),
+    ("cross_entropy_seq", lambda z: eo.cross_entropy(z, np.array([[0, 1], [2, 2]])), [r(2, 2, 3)]),
+    ("bce_with_logits", lambda z, y: eo.binary_cross_entropy_with_logits(z, y),
+     [r(5) * 3, rng.uniform(0, 1, 5)]),
+]
+
+
+@pytest.mark.parametrize("name,fn,inputs", CASES, ids=[c[0] for c in CASES])
+def test_gradient_matches_finite_differences(name, fn, inputs):
+    check_gradients(fn, inputs, name=name)
+
+
+def test_astype_gradient_comes_back_in_the_operand_dtype():
+    # Through float32, eps must be well above float32 resolution.
+    (g,) = check_gradients(lambda a: a.astype("float32").astype("float64") * 3.0, [r(3)],
+                           eps=1e-2, atol=1e-4, name="astype")
+    x = eo.tensor(r(3), requires_grad=True)
+    x.astype("float16").sum().backward()
+    assert x.grad.dtype == np.float64 and np.all(x.grad == 1)
+
+
+def test_dropout_gradient_uses_the_same_mask():
+    def fn(x):
+        return eo.dropout(x, 0.4, training=True, rng=np.random.default_rng(3))
+
+    check_gradients(fn, [r(4, 5)], name="dropout")
+
+
+def test_the_checker_catches_a_wrong_gradient():
+    """Guard against a checker that cannot fail: a deliberately wrong backward."""
+    from everyo.tensor import Tensor
+
+    def bad_square(a):
+        return Tensor._from_op(a.data ** 2, (a,), lambda g: (g * a.data,))  # missing factor 2
+
+    with pytest.raises(AssertionError, match="disagrees with central differences"):
+        check_gradients(bad_square, [r(3)], name="bad_square")
