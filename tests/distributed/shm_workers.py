@@ -1,0 +1,134 @@
+"""Worker functions for the shared-memory tests.
+
+They live in a plain module (not a test file) because ``spawn`` pickles the
+worker by name and each new process imports it; keeping them here means the
+children import only this small file and NumPy.
+"""
+import os
+import signal
+import time
+
+import numpy as np
+
+DTYPES = ("float16", "float32", "float64", "int32", "int64", "uint8")
+SIZES = (0, 1, 7, 1000, 100_003)   # 100_003 float64 > 64 KiB per slot: forces the buffer to grow
+
+
+def rank_data(rank, dtype, size):
+    """Deterministic per-rank input, different on every rank (the parent recomputes it)."""
+    rng = np.random.default_rng([rank, size, DTYPES.index(dtype)])
+    if np.dtype(dtype).kind == "f":
+        return (rng.standard_normal(size) * 10).astype(dtype)
+    return rng.integers(0, 100, size).astype(dtype)
+
+
+def collectives_battery(group):
+    """Every collective on every dtype and size; returns everything for the parent to check."""
+    out = {"rank": group.rank, "world_size": group.world_size, "sum": {}, "mean": {}, "bcast": {}}
+    for dtype in DTYPES:
+        for size in SIZES:
+            x = rank_data(group.rank, dtype, size)
+            out["sum"][dtype, size] = group.all_reduce_sum(x)
+            if np.dtype(dtype).kind == "f":
+                out["mean"][dtype, size] = group.all_reduce_mean(x)
+            root = size % group.world_size
+            out["bcast"][dtype, size] = group.broadcast(x, root=root)
+    # Shape is kept; a shrinking size after growth reuses the big buffer.
+    m = np.arange(12, dtype=np.float32).reshape(3, 4) * (group.rank + 1)
+    # Cancellation: a float32 (or float16) running sum of 1 + 2**k - 2**k gives 0; float64 gives 1.
+    out["cancel32"] = group.all_reduce_sum(np.array([1.0, 2.0**30, -2.0**30][group.rank], np.float32))
+    out["cancel16"] = group.all_reduce_sum(np.array([1.0, 2048.0, -2048.0][group.rank], np.float16))
+    out["matrix_sum"] = group.all_reduce_sum(m)
+    out["bool_bcast"] = group.broadcast(np.array([True, False]) ^ (group.rank == 1), root=1)
+    # Bad calls raise locally (same on every rank), before any communication.
+    errors = {}
+    for name, call in {
+        "int_mean": lambda: group.all_reduce_mean(np.arange(3)),
+        "bool_sum": lambda: group.all_reduce_sum(np.ones(2, bool)),
+        "bad_root": lambda: group.broadcast(np.ones(2), root=group.world_size),
+    }.items():
+        try:
+            call()
+        except Exception as exc:
+            errors[name] = f"{type(exc).__name__}: {exc}"
+    out["errors"] = errors
+    # The group still works after the refused calls.
+    out["after"] = group.all_reduce_sum(np.array([group.rank], np.int64))
+    # Barrier: nobody leaves before the slowest rank (rank r arrives r * 50 ms late).
+    time.sleep(0.05 * group.rank)
+    arrived = time.time()
+    group.barrier()
+    out["barrier"] = (arrived, time.time())
+    return out
+
+
+def thread_env(group):
+    from threadpoolctl import threadpool_info
+
+    blas = [p["num_threads"] for p in threadpool_info() if p.get("user_api") == "blas"]
+    names = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+    return {name: os.environ.get(name) for name in names}, blas
+
+
+def mismatched_op(group):
+    x = np.ones(4, np.float32)
+    if group.rank == 1:
+        group.barrier()
+    else:
+        group.all_reduce_mean(x)
+
+
+def mismatched_size(group):
+    group.all_reduce_sum(np.ones(5 + group.rank, np.float32))
+
+
+def returns_early(group):
+    group.barrier()
+    if group.rank == 0:
+        return "done early"
+    group.all_reduce_mean(np.ones(3))
+
+
+def raises_on_rank_1(group):
+    if group.rank == 1:
+        time.sleep(0.1)
+        raise ValueError("boom from the worker")
+    group.all_reduce_mean(np.ones(3))   # blocks until released
+
+
+def exits_on_rank_1(group):
+    if group.rank == 1:
+        time.sleep(0.1)
+        os._exit(3)
+    group.barrier()
+
+
+def killed_on_rank_1(group):
+    if group.rank == 1:
+        time.sleep(0.1)
+        os.kill(os.getpid(), signal.SIGKILL)
+    group.all_reduce_sum(np.ones(10))
+
+
+def hangs_on_rank_1(group):
+    if group.rank == 1:
+        time.sleep(60)
+    group.barrier()
+
+
+def unpicklable_result(group):
+    return lambda: None
+
+
+def average_gradients_none(group):
+    """Parameter 0: grad on every rank; 1: only on rank 1; 2: on no rank."""
+    from types import SimpleNamespace
+
+    from everyo.distributed import average_gradients
+
+    params = [SimpleNamespace(data=np.zeros((2, 3), np.float32), grad=None) for _ in range(3)]
+    params[0].grad = np.full((2, 3), group.rank + 1.0, np.float32)
+    if group.rank == 1:
+        params[1].grad = np.full((2, 3), 4.0, np.float32)
+    average_gradients(params, group)
+    return [p.grad for p in params]

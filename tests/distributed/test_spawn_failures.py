@@ -1,0 +1,127 @@
+"""Every way a worker can fail makes spawn raise a specific error, fast, leaving nothing behind.
+
+The ``no_leftovers`` fixture checks /dev/shm and child processes after each
+test. ``timeout=60`` on the spawns below is only a safety net: the failures
+must be reported long before it (a test that reached it would fail on the
+message, since a timeout names different things).
+"""
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from everyo.errors import EveryODistributedError
+from everyo.distributed import spawn
+
+import shm_workers
+
+pytestmark = pytest.mark.usefixtures("no_leftovers")
+
+
+def spawn_error(worker, world_size=2, timeout=60):
+    with pytest.raises(EveryODistributedError) as info:
+        spawn(worker, world_size, timeout=timeout)
+    return info.value, str(info.value)
+
+
+def test_mismatched_operations_raise_naming_each_rank():
+    _, message = spawn_error(shm_workers.mismatched_op)
+    assert "collective mismatch" in message
+    assert "rank 0 called all_reduce_mean(size=4, dtype=float32) as collective #0" in message
+    assert "rank 1 called barrier() as collective #0" in message
+    assert "different path through the loop" in message
+
+
+def test_mismatched_sizes_raise_naming_each_rank():
+    _, message = spawn_error(shm_workers.mismatched_size)
+    assert "rank 0 called all_reduce_sum(size=5, dtype=float32)" in message
+    assert "rank 1 called all_reduce_sum(size=6, dtype=float32)" in message
+
+
+def test_rank_that_returns_early_is_named_instead_of_hanging():
+    _, message = spawn_error(shm_workers.returns_early)
+    assert "rank 1 is waiting in all_reduce_mean(size=3, dtype=float64) as collective #1" in message
+    assert "rank 0 returned from its worker without calling it" in message
+
+
+def test_worker_exception_names_rank_and_shows_traceback():
+    error, message = spawn_error(shm_workers.raises_on_rank_1)
+    assert error.rank == 1
+    assert message.startswith("rank 1 raised ValueError: boom from the worker")
+    assert "Traceback of rank 1" in message and "in raises_on_rank_1" in message
+    # Rank 0, blocked in all_reduce_mean, was released rather than waited for.
+    assert "ranks also failed or were stopped: 0" in message
+
+
+def test_worker_that_exits_is_reported_with_its_exit_code():
+    error, message = spawn_error(shm_workers.exits_on_rank_1)
+    assert error.rank == 1
+    assert "rank 1 exited with code 3 without returning" in message
+
+
+def test_killed_worker_is_reported_with_its_signal_and_peers_released():
+    error, message = spawn_error(shm_workers.killed_on_rank_1)
+    assert error.rank == 1
+    assert "rank 1 was killed by SIGKILL" in message
+
+
+def test_timeout_names_unfinished_ranks_and_gives_the_hint():
+    error, message = spawn_error(shm_workers.hangs_on_rank_1, timeout=1.5)
+    assert "spawn timed out after 1.5 s; rank(s) 0, 1 had not finished" in message
+    assert "rank 0: waiting in barrier() as collective #0" in message
+    assert "rank 1: had not called any collective" in message
+    assert "a rank that took a different path through the loop" in message
+
+
+def test_unpicklable_result_is_a_clear_error():
+    _, message = spawn_error(shm_workers.unpicklable_result)
+    assert "returned a value that cannot be sent to the parent" in message
+
+
+def test_unpicklable_worker_is_a_clear_error():
+    with pytest.raises(EveryODistributedError, match="must be a module-level function"):
+        spawn(lambda group: None, 2)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"world_size": 0}, "world_size must be a positive int"),
+    ({"world_size": 2, "timeout": 0}, "timeout must be positive"),
+])
+def test_bad_arguments(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        spawn(shm_workers.thread_env, **kwargs)
+
+
+SCRIPT = textwrap.dedent("""
+    import warnings
+    import numpy as np
+    from everyo.distributed import spawn
+    import shm_workers
+
+    if __name__ == "__main__":
+        warnings.simplefilter("ignore", RuntimeWarning)
+        assert spawn(shm_workers.average_gradients_none, 2)[0][2] is None
+        for worker in (shm_workers.raises_on_rank_1, shm_workers.killed_on_rank_1):
+            try:
+                spawn(worker, 2, timeout=60)
+            except Exception as exc:
+                print("raised", type(exc).__name__)
+""")
+
+
+def test_no_resource_tracker_warning_and_no_segment_after_the_interpreter_exits(tmp_path):
+    # The resource tracker only complains when the parent interpreter exits, so
+    # this runs spawn (a success and two failures) in a fresh interpreter.
+    script = tmp_path / "run_spawn.py"
+    script.write_text(SCRIPT)
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(__file__)] + sys.path)
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split("\n")[:2] == ["raised EveryODistributedError"] * 2
+    assert "resource_tracker" not in proc.stderr and "leaked" not in proc.stderr, proc.stderr
+    leftovers = [n for n in os.listdir("/dev/shm") if n.startswith(f"everyo_{proc.pid}_")]
+    assert leftovers == []
