@@ -12,3 +12,14 @@ __all__ = [
     "ReLU", "Sigmoid", "Tanh", "Softmax", "LogSoftmax", "Flatten", "Dropout",
     "BatchNorm1D", "BatchNorm2D", "LayerNorm", "MSELoss", "CrossEntropyLoss", "BCEWithLogitsLoss",
 ]
+from everyo.nn.embedding import Embedding, PositionalEncoding
+from everyo.nn.recurrent import RNN, LSTM, GRU
+from everyo.nn.attention import MultiHeadAttention, causal_mask
+from everyo.nn.transformer import (
+    TransformerEncoderLayer, TransformerDecoderLayer, TransformerEncoder, TransformerDecoder,
+)
+
+__all__ += [
+    "Embedding", "PositionalEncoding", "RNN", "LSTM", "GRU", "MultiHeadAttention", "causal_mask",
+    "TransformerEncoderLayer", "TransformerDecoderLayer", "TransformerEncoder", "TransformerDecoder",
+]

@@ -1,0 +1,220 @@
+"""Transformer encoder/decoder layers and stacks (batch-first, PyTorch's semantics).
+
+A layer is attention + feed-forward, each wrapped in a residual connection and
+a LayerNorm. ``norm_first=False`` (post-norm, the original paper)::
+
+    x = norm1(x + dropout(self_attn(x)))
+    x = norm2(x + dropout(ff(x)))
+
+``norm_first=True`` (pre-norm, steadier to train deep)::
+
+    x = x + dropout(self_attn(norm1(x)))
+    x = x + dropout(ff(norm2(x)))
+
+with ``ff(x) = linear2(dropout(activation(linear1(x))))``. The decoder layer
+adds cross-attention over ``memory`` between the two, with its own norm.
+"""
+import numpy as np
+
+from everyo import functional as F
+from everyo.nn.activation import Dropout
+from everyo.nn.attention import MultiHeadAttention
+from everyo.nn.linear import Linear
+from everyo.nn.module import Module, Sequential
+from everyo.nn.normalization import LayerNorm
+
+__all__ = ["TransformerEncoderLayer", "TransformerDecoderLayer", "TransformerEncoder", "TransformerDecoder"]
+
+_ACTIVATIONS = {"relu": F.relu}
+
+
+class _Block(Module):
+    """What both layers share: hyper-parameters, seeds, the feed-forward part."""
+
+    def __init__(self, d_model, num_heads, dim_feedforward, dropout, activation, layer_norm_eps,
+                 norm_first, seed, dtype):
+        super().__init__()
+        if isinstance(activation, str) and activation not in _ACTIVATIONS:
+            raise ValueError(f"{type(self).__name__} activation must be one of {sorted(_ACTIVATIONS)} or a callable, got {activation!r}")
+        self.d_model, self.num_heads, self.norm_first = int(d_model), int(num_heads), bool(norm_first)
+        self.activation = _ACTIVATIONS[activation] if isinstance(activation, str) else activation
+        rng = np.random.default_rng(seed)
+        self._next_seed = lambda: int(rng.integers(2**31))
+        self._hyper = dict(dropout=dropout, dtype=dtype)
+        self.linear1 = Linear(d_model, dim_feedforward, seed=self._next_seed(), dtype=dtype)
+        self.linear2 = Linear(dim_feedforward, d_model, seed=self._next_seed(), dtype=dtype)
+        self.dropout = Dropout(dropout, seed=self._next_seed())
+        self._eps = layer_norm_eps
+
+    def _attention(self):
+        return MultiHeadAttention(self.d_model, self.num_heads, dropout=self._hyper["dropout"],
+                                  seed=self._next_seed(), dtype=self._hyper["dtype"])
+
+    def _norm(self):
+        return LayerNorm(self.d_model, eps=self._eps, dtype=self._hyper["dtype"])
+
+    def _dropout(self):
+        return Dropout(self._hyper["dropout"], seed=self._next_seed())
+
+    def _feed_forward(self, x):
+        return self.linear2(self.dropout(self.activation(self.linear1(x))))
+
+    def _residual(self, x, sublayer, norm, dropout):
+        """One residual sub-block, pre- or post-norm."""
+        if self.norm_first:
+            return x + dropout(sublayer(norm(x)))
+        return norm(x + dropout(sublayer(x)))
+
+
+class TransformerEncoderLayer(_Block):
+    """Self-attention then feed-forward (see the module docstring for the equations).
+
+    Args:
+        d_model: feature width of the input and output.
+        num_heads: attention heads (must divide ``d_model``).
+        dim_feedforward: hidden width of the feed-forward part (PyTorch's default 2048).
+        dropout: dropout after attention, in the feed-forward part and on its
+            output, and on the attention weights (train mode only).
+        activation: ``'relu'`` or a callable on Tensors.
+        layer_norm_eps: LayerNorm's epsilon.
+        norm_first: pre-norm (True) or post-norm (False, default).
+        seed: makes every initialisation and dropout mask reproducible.
+
+    Call: ``layer(src, src_mask=None, src_key_padding_mask=None, is_causal=False)``;
+    the masks are :class:`MultiHeadAttention`'s ``attn_mask`` and ``key_padding_mask``.
+
+    Shape:
+        src (batch, length, d_model) -> (batch, length, d_model).
+
+    Example:
+        >>> layer = eo.TransformerEncoderLayer(16, 4, dim_feedforward=32, seed=0)
+        >>> layer(eo.randn(2, 5, 16, seed=1)).shape
+        (2, 5, 16)
+    """
+
+    def __init__(self, d_model, num_heads, dim_feedforward=2048, dropout=0.1, activation="relu",
+                 layer_norm_eps=1e-5, norm_first=False, *, seed=None, dtype="float32"):
+        super().__init__(d_model, num_heads, dim_feedforward, dropout, activation, layer_norm_eps,
+                         norm_first, seed, dtype)
+        self.self_attn = self._attention()
+        self.norm1, self.norm2 = self._norm(), self._norm()
+        self.dropout1, self.dropout2 = self._dropout(), self._dropout()
+
+    def forward(self, src, src_mask=None, src_key_padding_mask=None, is_causal=False):
+        def attend(x):
+            return self.self_attn(x, key_padding_mask=src_key_padding_mask, attn_mask=src_mask, is_causal=is_causal)
+
+        x = self._residual(src, attend, self.norm1, self.dropout1)
+        return self._residual(x, self._feed_forward, self.norm2, self.dropout2)
+
+
+class TransformerDecoderLayer(_Block):
+    """Self-attention, cross-attention over ``memory``, then feed-forward.
+
+    Args as :class:`TransformerEncoderLayer`.
+
+    Call: ``layer(tgt, memory, tgt_mask=None, memory_mask=None,
+    tgt_key_padding_mask=None, memory_key_padding_mask=None, tgt_is_causal=False)``.
+    ``tgt_is_causal=True`` stops each target position from attending to later ones.
+
+    Shape:
+        tgt (batch, tgt_len, d_model), memory (batch, src_len, d_model) ->
+        (batch, tgt_len, d_model).
+
+    Example:
+        >>> layer = eo.TransformerDecoderLayer(16, 4, dim_feedforward=32, seed=0)
+        >>> layer(eo.randn(2, 5, 16, seed=1), eo.randn(2, 7, 16, seed=2), tgt_is_causal=True).shape
+        (2, 5, 16)
+    """
+
+    def __init__(self, d_model, num_heads, dim_feedforward=2048, dropout=0.1, activation="relu",
+                 layer_norm_eps=1e-5, norm_first=False, *, seed=None, dtype="float32"):
+        super().__init__(d_model, num_heads, dim_feedforward, dropout, activation, layer_norm_eps,
+                         norm_first, seed, dtype)
+        self.self_attn, self.multihead_attn = self._attention(), self._attention()
+        self.norm1, self.norm2, self.norm3 = self._norm(), self._norm(), self._norm()
+        self.dropout1, self.dropout2, self.dropout3 = self._dropout(), self._dropout(), self._dropout()
+
+    def forward(self, tgt, memory, tgt_mask=None, memory_mask=None, tgt_key_padding_mask=None,
+                memory_key_padding_mask=None, tgt_is_causal=False):
+        def self_attend(x):
+            return self.self_attn(x, key_padding_mask=tgt_key_padding_mask, attn_mask=tgt_mask, is_causal=tgt_is_causal)
+
+        def cross_attend(x):
+            return self.multihead_attn(x, memory, memory, key_padding_mask=memory_key_padding_mask,
+                                       attn_mask=memory_mask)
+
+        x = self._residual(tgt, self_attend, self.norm1, self.dropout1)
+        x = self._residual(x, cross_attend, self.norm2, self.dropout2)
+        return self._residual(x, self._feed_forward, self.norm3, self.dropout3)
+
+
+class _Stack(Module):
+    _layer = None
+
+    def __init__(self, num_layers, d_model, num_heads, dim_feedforward=2048, dropout=0.1, activation="relu",
+                 layer_norm_eps=1e-5, norm_first=False, final_norm=None, *, seed=None, dtype="float32"):
+        super().__init__()
+        rng = np.random.default_rng(seed)
+        self.num_layers = int(num_layers)
+        self.layers = Sequential(*[
+            self._layer(d_model, num_heads, dim_feedforward, dropout, activation, layer_norm_eps, norm_first,
+                        seed=int(rng.integers(2**31)), dtype=dtype)
+            for _ in range(self.num_layers)
+        ])
+        # A pre-norm stack leaves its output un-normalised, so it gets a final norm by default.
+        final_norm = norm_first if final_norm is None else final_norm
+        self.norm = LayerNorm(d_model, eps=layer_norm_eps, dtype=dtype) if final_norm else None
+
+    def _finish(self, x):
+        return x if self.norm is None else self.norm(x)
+
+
+class TransformerEncoder(_Stack):
+    """``num_layers`` :class:`TransformerEncoderLayer` in sequence (each with its own
+    initialisation), plus an optional final LayerNorm.
+
+    Args: ``num_layers``, then :class:`TransformerEncoderLayer`'s arguments, and
+    ``final_norm`` (default: True when ``norm_first``, else False).
+
+    Call: ``encoder(src, mask=None, src_key_padding_mask=None, is_causal=False)``.
+
+    Example:
+        >>> enc = eo.TransformerEncoder(2, 16, 4, dim_feedforward=32, seed=0)
+        >>> enc(eo.randn(2, 5, 16, seed=1)).shape
+        (2, 5, 16)
+    """
+
+    _layer = TransformerEncoderLayer
+
+    def forward(self, src, mask=None, src_key_padding_mask=None, is_causal=False):
+        x = src
+        for layer in self.layers:
+            x = layer(x, src_mask=mask, src_key_padding_mask=src_key_padding_mask, is_causal=is_causal)
+        return self._finish(x)
+
+
+class TransformerDecoder(_Stack):
+    """``num_layers`` :class:`TransformerDecoderLayer` in sequence, plus an optional final LayerNorm.
+
+    Args as :class:`TransformerEncoder`.
+
+    Call: ``decoder(tgt, memory, tgt_mask=None, memory_mask=None, tgt_key_padding_mask=None,
+    memory_key_padding_mask=None, tgt_is_causal=False)``.
+
+    Example:
+        >>> dec = eo.TransformerDecoder(2, 16, 4, dim_feedforward=32, seed=0)
+        >>> dec(eo.randn(2, 5, 16, seed=1), eo.randn(2, 7, 16, seed=2), tgt_is_causal=True).shape
+        (2, 5, 16)
+    """
+
+    _layer = TransformerDecoderLayer
+
+    def forward(self, tgt, memory, tgt_mask=None, memory_mask=None, tgt_key_padding_mask=None,
+                memory_key_padding_mask=None, tgt_is_causal=False):
+        x = tgt
+        for layer in self.layers:
+            x = layer(x, memory, tgt_mask=tgt_mask, memory_mask=memory_mask,
+                      tgt_key_padding_mask=tgt_key_padding_mask,
+                      memory_key_padding_mask=memory_key_padding_mask, tgt_is_causal=tgt_is_causal)
+        return self._finish(x)

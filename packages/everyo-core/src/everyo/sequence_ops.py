@@ -1,0 +1,141 @@
+"""Primitive ops the sequence layers need and core's elementwise ops cannot give
+cheaply: several outputs from one op, a split, an embedding gather and a
+masked softmax.
+
+Each is one autograd node with a hand-written backward, gradient-checked in
+``tests/core/test_sequence_ops.py``.
+"""
+import numpy as np
+
+from everyo import dispatch
+from everyo.dispatch import FLOAT32
+from everyo.errors import EveryODTypeError, EveryOError, EveryOShapeError
+from everyo.tensor import Tensor
+
+__all__ = ["multi_output", "split", "embedding", "masked_softmax", "EveryOIndexError"]
+
+
+class EveryOIndexError(EveryOError, IndexError):
+    """An integer index (e.g. a token id into an Embedding) is out of range."""
+
+
+def multi_output(datas, parents, backward):
+    """Wrap the outputs of one op with several outputs as Tensors.
+
+    ``backward(grads)`` gets one gradient per output (``None`` for an output
+    that received none) and returns one gradient per parent.
+
+    Autograd nodes have one output, so the first output is the op's node and
+    every further output is a child of it whose backward only *relays* its
+    gradient into a shared list. Children come after their parent in any
+    topological order, so every relay has run before the op's backward reads
+    the list. A relay hands its parent a zero gradient, which makes sure the
+    op's backward runs even when only a secondary output was used.
+    """
+    received = [None] * len(datas)
+
+    def op_backward(g):
+        received[0] = g
+        grads = list(received)
+        received[:] = [None] * len(received)  # drop references once consumed
+        return backward(grads)
+
+    first = Tensor._from_op(datas[0], tuple(parents), op_backward)
+    outputs = [first]
+    zero = np.zeros((), dtype=datas[0].dtype)  # broadcast by autograd, costs nothing
+    for i in range(1, len(datas)):
+        outputs.append(Tensor._from_op(datas[i], (first,), _relay(received, i, zero)))
+    return outputs
+
+
+def _relay(received, i, zero):
+    def backward(g):
+        received[i] = g
+        return (zero,)
+
+    return backward
+
+
+def split(x, sections, axis=-1):
+    """Split ``x`` along ``axis`` into pieces of the given sizes (or ``sections``
+    equal pieces). The backward is one concatenation, not one zero-filled
+    full-size array per piece as slicing would cost."""
+    data = x.data
+    axis = axis % data.ndim
+    n = data.shape[axis]
+    if isinstance(sections, int):
+        if n % sections:
+            raise EveryOShapeError(f"split: axis {axis} of shape {data.shape} does not divide into {sections} equal parts")
+        sizes = [n // sections] * sections
+    else:
+        sizes = [int(s) for s in sections]
+        if sum(sizes) != n:
+            raise EveryOShapeError(f"split: sizes {sizes} do not add up to axis {axis} of shape {data.shape}")
+    bounds = np.cumsum(sizes)[:-1]
+    pieces = np.split(data, bounds, axis=axis)
+
+    def backward(grads):
+        full = [np.zeros(p.shape, dtype=data.dtype) if g is None else g for g, p in zip(grads, pieces)]
+        return (np.concatenate(full, axis=axis),)
+
+    return multi_output(pieces, (x,), backward)
+
+
+def embedding(indices, weight, padding_idx=None):
+    """Rows of ``weight`` (num_embeddings, dim) picked by integer ``indices`` of any shape.
+
+    The output has shape ``indices.shape + (dim,)``. The backward scatters the
+    output gradient into the rows used; repeated indices accumulate. The row
+    ``padding_idx`` gets no gradient. Indices outside ``[0, num_embeddings)``
+    raise :class:`EveryOIndexError` (negative indices never wrap around).
+    """
+    idx = indices.data if isinstance(indices, Tensor) else np.asarray(indices)
+    if not (np.issubdtype(idx.dtype, np.integer) or idx.dtype == np.bool_):
+        raise EveryODTypeError(
+            f"embedding indices must be integers, got dtype {idx.dtype} "
+            f"(convert token ids with .astype('int64'))"
+        )
+    num = weight.data.shape[0]
+    if idx.size and (idx.min() < 0 or idx.max() >= num):
+        bad = idx[(idx < 0) | (idx >= num)]
+        raise EveryOIndexError(
+            f"embedding index {int(bad.flat[0])} is out of range for an embedding table with "
+            f"{num} rows (valid ids are 0..{num - 1}); {bad.size} of {idx.size} indices are out of range"
+        )
+    w = weight.data
+    out = np.take(w, idx, axis=0)
+
+    def backward(g):
+        grad = np.zeros_like(w)
+        np.add.at(grad, idx.reshape(-1), g.reshape(-1, w.shape[1]))
+        if padding_idx is not None:
+            grad[padding_idx] = 0
+        return (grad,)
+
+    return Tensor._from_op(out, (weight,), backward)
+
+
+def masked_softmax(x, blocked=None, axis=-1):
+    """Softmax along ``axis`` that ignores the entries where ``blocked`` is True.
+
+    ``blocked`` is a boolean array broadcastable to ``x`` (or ``None``);
+    entries of ``x`` equal to ``-inf`` are ignored too. A row with every entry
+    ignored gives all zeros (and zero gradient), never NaN: attention over
+    nothing attends to nothing. Runs in float32 under autocast, like softmax.
+    """
+    (x,) = dispatch.apply(FLOAT32, x)
+    data = x.data
+    if blocked is not None:
+        data = np.where(blocked, -np.inf, data)
+    peak = data.max(axis=axis, keepdims=True)
+    # A fully ignored row has peak -inf; shifting by 0 there keeps exp() at 0
+    # instead of producing exp(-inf - -inf) = NaN.
+    peak = np.where(np.isfinite(peak), peak, 0).astype(data.dtype, copy=False)
+    e = np.exp(data - peak)
+    total = e.sum(axis=axis, keepdims=True)
+    out = e / np.where(total > 0, total, 1).astype(data.dtype, copy=False)
+
+    def backward(g):
+        return (out * (g - (g * out).sum(axis=axis, keepdims=True)),)
+
+    return Tensor._from_op(out, (x,), backward)
