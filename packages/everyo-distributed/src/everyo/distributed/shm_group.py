@@ -1,10 +1,20 @@
 """The shared-memory process group: the spec's collective on one machine.
 
-Data lives in one POSIX shared-memory buffer with one slot per rank. An
-all-reduce is: publish this rank's :class:`CollectiveRecord`, copy the array
-into this rank's slot, barrier (after the write), check every rank's record,
-reduce all slots in rank order in float64 into a new array, barrier (after the
-read, so nobody overwrites a slot a peer is still reading).
+Data lives in one POSIX shared-memory buffer with one slot per rank (plus one
+result slot). An all-reduce is: publish this rank's :class:`CollectiveRecord`,
+copy the array into this rank's slot, barrier (after the write), check every
+rank's record, reduce in rank order in float64, barrier (after the read, so
+nobody overwrites a slot a peer is still reading).
+
+Small arrays: every rank reduces all of it into its own new array. Large
+arrays (from ``_SPLIT_ELEMENTS``): the reduction is split -- rank ``r``
+reduces the ``r``-th block of elements into the result slot, then, after the
+second barrier, every rank copies the result slot out. Each element is still
+reduced once, in rank order, in float64, so the bits are the same as the
+unsplit path, but each rank does ``1 / world_size`` of the arithmetic (the
+float64 casts cost four times a plain copy). The result slot needs no third
+barrier: it is next written after the next collective's first barrier, which
+no rank passes before every rank finished copying it out.
 
 The buffer grows when a collective needs more room than it has. Growth is
 decided after the records agree, so every rank takes the same decision: rank 0
@@ -30,6 +40,7 @@ from everyo.distributed.shm import attach_segment, create_segment, unlink_segmen
 __all__ = ["SharedMemoryGroup", "data_segment_name"]
 
 _MIN_CAPACITY = 1 << 16
+_SPLIT_ELEMENTS = 1 << 15   # below this, splitting costs more in Python overhead than it saves
 _ALIGN = 4096
 
 
@@ -151,11 +162,22 @@ class SharedMemoryGroup(ProcessGroup):
 
     def _all_reduce_body(self, record, data, op):
         self._exchange(record, data, writes=True)
-        slots = [self._slot(r, data.dtype, data.size) for r in range(self._world_size)]
-        out = reduce_in_rank_order(slots, op).reshape(data.shape)
+        world, n = self._world_size, data.size
+        slots = [self._slot(r, data.dtype, n) for r in range(world)]
+        if n < _SPLIT_ELEMENTS or world == 1:
+            out = reduce_in_rank_order(slots, op)
+        else:
+            result = self._slot(world, data.dtype, n)
+            base, extra = divmod(n, world)
+            lo = self._rank * base + min(self._rank, extra)
+            hi = lo + base + (self._rank < extra)
+            reduce_in_rank_order([s[lo:hi] for s in slots], op, out=result[lo:hi])
+            self._control.barrier(record)
+            out = result.copy()
+            del result
         del slots
         self._control.barrier(record)
-        return out
+        return out.reshape(data.shape)
 
     def _broadcast_body(self, record, data, root):
         self._exchange(record, data, writes=self._rank == root)
@@ -176,7 +198,7 @@ class SharedMemoryGroup(ProcessGroup):
         old = self._data
         self._data = None
         if self._rank == 0:
-            self._data = create_segment(name, capacity * self._world_size)
+            self._data = create_segment(name, capacity * (self._world_size + 1))
             self._control.set_data_segment(generation, capacity)
             if old is not None:
                 old.close()
@@ -191,5 +213,5 @@ class SharedMemoryGroup(ProcessGroup):
                     f"rank {self._rank}: expected data segment generation {generation} "
                     f"({capacity} bytes per slot), rank 0 published {published}"
                 )
-            self._data = attach_segment(name, capacity * self._world_size)
+            self._data = attach_segment(name, capacity * (self._world_size + 1))
         self._generation, self._capacity = generation, capacity
