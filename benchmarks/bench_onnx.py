@@ -1,0 +1,82 @@
+"""ONNX export time, and ONNX Runtime inference against EveryO's forward pass
+for the digit CNN of examples/onnx_export.py at batch 1 and 256.
+
+    python benchmarks/bench_onnx.py        (or: hatch run bench:run benchmarks/bench_onnx.py)
+
+Candidates run interleaved (A B A B ...) because these machines flip between a
+fast and a slow state; ratios are medians of pairwise ratios. Each timed call
+runs the step ``inner`` times so that microsecond steps are not lost in timer
+noise. The ONNX Runtime session is created once (as a server would); the
+run_onnx column also pays for loading the file and building a session.
+"""
+import os
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT / "examples"))
+
+import everyo as eo  # noqa: E402
+from everyo.onnx import build_model  # noqa: E402
+from harness import blas_info, interleaved, machine_info, median_ratio, print_table  # noqa: E402
+from onnx_export import digit_cnn  # noqa: E402  (the example's model, not a copy)
+
+
+def per_call(fn, inner):
+    def run():
+        for _ in range(inner):
+            fn()
+
+    return run
+
+
+def main():
+    print(machine_info())
+    print(f"BLAS: {blas_info()}")
+    print(f"onnxruntime {ort.__version__}, default session options (all graph optimisations, "
+          f"intra-op threads chosen by ORT)\n")
+    model = digit_cnn().eval()
+    with tempfile.TemporaryDirectory() as folder:
+        path = os.path.join(folder, "digits_cnn.onnx")
+
+        t = interleaved({
+            "build_model (in memory, checked)": lambda: build_model(model, input_shape=(1, 8, 8, 1)),
+            "export_onnx (build + atomic write)": lambda: eo.export_onnx(model, path, input_shape=(1, 8, 8, 1)),
+        }, repeats=15, warmup=2)
+        print_table("Export of the digit CNN", ["step", "median ms"],
+                    [[k, statistics.median(v) * 1e3] for k, v in t.items()])
+
+        session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+        rows = []
+        for batch, inner in ((1, 200), (256, 10)):
+            x = np.random.default_rng(0).random((batch, 8, 8, 1), dtype=np.float32)
+
+            def everyo_forward():
+                with eo.no_grad():
+                    return model(eo.tensor(x)).data
+
+            def ort_run():
+                return session.run(None, {"input": x})[0]
+
+            # Same numbers first, then timings.
+            assert np.abs(everyo_forward() - ort_run()).max() < 1e-5
+            t = interleaved({
+                "everyo": per_call(everyo_forward, inner),
+                "ort": per_call(ort_run, inner),
+                "run_onnx": per_call(lambda: eo.run_onnx(path, x), max(1, inner // 10)),
+            }, repeats=9, warmup=1)
+            us = {k: statistics.median(v) / (inner if k != "run_onnx" else max(1, inner // 10)) * 1e6
+                  for k, v in t.items()}
+            rows.append([batch, round(us["everyo"]), round(us["ort"]), median_ratio(t["everyo"], t["ort"]), round(us["run_onnx"])])
+        print_table("Digit CNN inference (eval mode), microseconds per call",
+                    ["batch", "EveryO forward us", "ORT session.run us", "EveryO / ORT", "run_onnx us"], rows)
+
+
+if __name__ == "__main__":
+    main()
