@@ -8,8 +8,7 @@ import pytest
 import everyo as eo
 from everyo.onnx import DEFAULT_OPSET
 
-from conftest import ATOL, random_batch, randomize_norms
-from test_layers import digit_cnn
+from onnx_agreement import ATOL, digit_cnn, random_batch, randomize_norms
 
 WINDOW_OPS = ("Conv", "MaxPool", "AveragePool")
 

@@ -5,7 +5,7 @@ import pytest
 import everyo as eo
 from everyo.padding import resolve_padding2d
 
-from conftest import assert_agrees, randomize_norms
+from onnx_agreement import assert_agrees, digit_cnn, randomize_norms
 
 # (id, layer factory, input_shape). Spatial sizes are odd and non-square and
 # channel counts differ from them, so a wrong axis order cannot pass by symmetry.
@@ -79,25 +79,6 @@ def test_same_padding_matches_hand_worked_tensorflow_rule():
     # total padding (4-1)*2 + 2 - 7 = 1, all of it at the end. 9 columns,
     # kernel 5, stride 2 -> 5 outputs, total (5-1)*2 + 5 - 9 = 4, split 2 / 2.
     assert resolve_padding2d("same", (7, 9), (2, 5), (2, 2)) == ((0, 1), (2, 2))
-
-
-def digit_cnn():
-    return eo.Sequential(
-        eo.Conv2D(1, 8, 3, padding="same", seed=0),
-        eo.BatchNorm2D(8),
-        eo.ReLU(),
-        eo.MaxPool2D(2),
-        eo.Conv2D(8, 16, 3, padding="same", seed=1),
-        eo.ReLU(),
-        eo.AvgPool2D(2),
-        eo.Flatten(),
-        eo.Dropout(0.25, seed=0),
-        eo.Linear(64, 32, seed=2),
-        eo.LayerNorm(32),
-        eo.Tanh(),
-        eo.Linear(32, 10, seed=3),
-        eo.LogSoftmax(),
-    )
 
 
 STACKS = [
