@@ -43,8 +43,10 @@ RUNNING, RETURNED, FAILED = 0, 1, 2
 _STATE_NAMES = {RUNNING: "running", RETURNED: "returned from its worker", FAILED: "failed"}
 
 _SPIN_CHECKS = 2000        # ~100-200 us of pure spinning
-_YIELD_SECONDS = 0.02      # then sched_yield until 20 ms have passed
-_SLEEP_SECONDS = 0.0005    # then sleep in 0.5 ms steps
+_YIELD_SECONDS = 0.001     # then sched_yield until 1 ms has passed
+_SLEEP_SECONDS = 0.0001    # then sleep in 0.1 ms steps: a waiting rank must not steal the
+                           # core from the rank it waits for when there are more ranks than cores
+_PARENT_CHECK_SECONDS = 0.1
 
 
 class PeerAbortedError(EveryODistributedError):
@@ -185,6 +187,7 @@ class ControlBlock:
         index = self._line(peer) + _COUNTER
         state_index = self._line(peer) + _STATE
         start = time.monotonic()
+        next_parent_check = start + _PARENT_CHECK_SECONDS
         while words[index] < target:
             if words[_ABORT]:
                 failed = words[_ABORT] - 1
@@ -199,13 +202,15 @@ class ControlBlock:
                     "the same collectives the same number of times; the usual cause is a rank that "
                     "took a different path through the loop."
                 )
-            waited = time.monotonic() - start
-            if waited < _YIELD_SECONDS:
+            now = time.monotonic()
+            if now - start < _YIELD_SECONDS:
                 os.sched_yield()
             else:
-                if os.getppid() != self._parent:
+                if now > next_parent_check and os.getppid() != self._parent:
                     raise EveryODistributedError(
                         f"rank {self.rank}: the parent process died while this rank waited in "
                         f"{record.describe()}; stopping"
                     )
+                if now > next_parent_check:
+                    next_parent_check = now + _PARENT_CHECK_SECONDS
                 time.sleep(_SLEEP_SECONDS)
