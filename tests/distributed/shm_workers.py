@@ -132,3 +132,30 @@ def average_gradients_none(group):
         params[1].grad = np.full((2, 3), 4.0, np.float32)
     average_gradients(params, group)
     return [p.grad for p in params]
+
+
+def build_spec_model():
+    import everyo as eo
+
+    return eo.Sequential(eo.Linear(16, 32, seed=0), eo.ReLU(), eo.Linear(32, 32, seed=1), eo.ReLU(),
+                         eo.Linear(32, 1, seed=2))
+
+
+def spec_worker(group, inputs, targets, steps):
+    """The spec's worker example, as written there (smaller model and data for speed)."""
+    import everyo as eo
+    from everyo.distributed import average_gradients, shard_indices
+
+    model = build_spec_model()  # same seeds on every rank
+    optimizer = eo.SGD(model.parameters(), lr=0.05)
+    rows = shard_indices(len(inputs), group.rank, group.world_size)
+    xs, ys = eo.tensor(inputs[rows]), eo.tensor(targets[rows])
+
+    for _ in range(steps):
+        optimizer.zero_grad()
+        residual = model(xs) - ys
+        eo.mean(residual * residual).backward()
+        average_gradients(model.parameters(), group)
+        optimizer.step()
+
+    return [p.data for p in model.parameters()]
