@@ -107,7 +107,11 @@ def backward(root, grad=None):
             raise ValueError(f"backward(grad=) has shape {grad.shape}, expected {root.data.shape}")
     order = _topological_order(root)
     grads = {id(root): _as_grad(grad, root.data)}
-    for node in reversed(order):
+    while order:
+        # Popping (rather than iterating) drops our reference to each node as
+        # soon as it is done, so activations are freed during the backward
+        # pass instead of all at once at the end (fewer fresh pages to fault in).
+        node = order.pop()
         g = grads.pop(id(node), None)
         if g is None:
             continue

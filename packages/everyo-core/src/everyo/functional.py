@@ -123,6 +123,11 @@ def _mm(x, y):
     # down gives the same float16 rounding of the float32-accumulated product.
     if x.dtype == np.float16 and y.dtype == np.float16:
         return np.matmul(x.astype(np.float32), y.astype(np.float32)).astype(np.float16)
+    if x.ndim == 2 and y.ndim == 2 and x.shape[1] == 1:
+        # An outer product (e.g. the backward of a 1-unit output layer): a
+        # broadcast multiply is exact (one product per element) and ~3x
+        # faster than BLAS for this shape.
+        return x * y
     return np.matmul(x, y)
 
 
