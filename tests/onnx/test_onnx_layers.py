@@ -22,6 +22,8 @@ SINGLE_LAYERS = [
     ("maxpool_same", lambda: eo.MaxPool2D(3, stride=2, padding="same"), (1, 7, 9, 3)),
     ("avgpool", lambda: eo.AvgPool2D(2), (1, 6, 8, 3)),
     ("avgpool_same", lambda: eo.AvgPool2D(3, stride=1, padding="same"), (1, 7, 9, 3)),
+    ("maxpool_explicit_padding", lambda: eo.MaxPool2D(3, stride=2, padding=1), (1, 7, 8, 2)),
+    ("avgpool_explicit_padding", lambda: eo.AvgPool2D(3, stride=2, padding=((0, 2), (1, 0))), (1, 7, 8, 2)),
     ("flatten_nhwc", lambda: eo.Flatten(), (1, 3, 4, 2)),
     ("flatten_2d", lambda: eo.Flatten(), (1, 6)),
     ("dropout", lambda: eo.Dropout(0.5, seed=0), (1, 4, 6)),

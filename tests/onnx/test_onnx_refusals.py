@@ -131,6 +131,13 @@ def test_bad_arguments(kwargs, match, tmp_path):
     assert not path.exists()
 
 
+@pytest.mark.parametrize("input_shape", [(None, 4), [3, 4], (np.int64(1), np.int64(4))])
+def test_input_shape_forms(input_shape, tmp_path):
+    path = tmp_path / "m.onnx"
+    eo.export_onnx(eo.Sequential(eo.Linear(4, 2, seed=0)), path, input_shape=input_shape)
+    assert eo.run_onnx(path, np.ones((5, 4), np.float32)).shape == (5, 2)
+
+
 def test_not_a_module(tmp_path):
     with pytest.raises(TypeError, match="EveryO Module"):
         eo.export_onnx(lambda x: x, tmp_path / "m.onnx", input_shape=(1, 4))

@@ -1,4 +1,5 @@
 """export_onnx: an EveryO model to an ONNX file, layer by layer."""
+import operator
 import os
 import tempfile
 
@@ -29,16 +30,22 @@ def _import_onnx():
     return onnx
 
 
+def _as_shape(input_shape):
+    """``input_shape`` as a tuple of ints (None allowed), or None if it is not one."""
+    if not isinstance(input_shape, (tuple, list)):
+        return None
+    try:
+        return tuple(None if d is None else operator.index(d) for d in input_shape)
+    except TypeError:
+        return None
+
+
 def _check_arguments(model, input_shape, input_name, output_name, opset, newest):
     if not isinstance(model, Module):
         raise TypeError(f"export_onnx expects an EveryO Module, got {type(model).__name__}")
-    shape = tuple(input_shape) if isinstance(input_shape, (tuple, list)) else None
-    if (
-        shape is None
-        or len(shape) < 2
-        or not all(isinstance(d, int) and d > 0 for d in shape[1:])
-        or not (shape[0] is None or (isinstance(shape[0], int) and shape[0] > 0))
-    ):
+    shape = _as_shape(input_shape)
+    batch_ok = shape is not None and (shape[0] is None or shape[0] > 0)
+    if not batch_ok or len(shape) < 2 or not all(d is not None and d > 0 for d in shape[1:]):
         raise ValueError(
             f"input_shape must be (batch, ...) with positive integer sizes, e.g. (1, 8, 8, 1) for an "
             f"8x8 one-channel NHWC image; got {input_shape!r}. The batch size is exported symbolic "

@@ -50,7 +50,7 @@ def _refusal(layer, where):
 
 
 def _dtype_refusal(layer, where):
-    for pname, t in list(layer._parameters.items()) + list(layer._buffers.items()):
+    for pname, t in list(layer.named_parameters()) + list(layer.named_buffers()):
         if t is not None and np.asarray(t.data).dtype != np.float32:
             return (
                 f"{type(layer).__name__} at {where} has {pname} of dtype {np.asarray(t.data).dtype}; "
