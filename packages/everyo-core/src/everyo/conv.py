@@ -9,7 +9,7 @@ from numpy.lib.stride_tricks import sliding_window_view
 
 from everyo import dispatch
 from everyo.dispatch import LOW_PRECISION
-from everyo.functional import _mm, _t
+from everyo.functional import _float_to_half, _half_to_float, _mm, _t
 from everyo.padding import _pair, output_size, resolve_padding2d
 from everyo.tensor import Tensor
 
@@ -31,6 +31,11 @@ def _windows(xp, kernel, stride, out_hw):
 
 def _scatter_windows(grad_win, padded_shape, kernel, stride, out_hw, dtype):
     """Adjoint of :func:`_windows`: add window gradients back into the padded input."""
+    if dtype == np.float16:
+        # NumPy's float16 adds convert every element (~40x slower than
+        # float32): accumulate in float32 and round once at the end.
+        grad_win = _half_to_float(grad_win)
+        return _float_to_half(_scatter_windows(grad_win, padded_shape, kernel, stride, out_hw, np.float32))
     gxp = np.zeros(padded_shape, dtype=dtype)
     oh, ow = out_hw
     for i in range(kernel[0]):
@@ -66,6 +71,8 @@ def conv2d(x, weight, bias=None, stride=1, padding="valid"):
     xd, w = x.data, weight.data
     kh, kw, cin, cout = w.shape
     kernel, stride, pads, (oh, ow) = _geometry(xd, (kh, kw), stride, padding)
+    if xd.dtype == w.dtype == np.float16 and (bias is None or bias.data.dtype == np.float16):
+        return _conv2d_half(x, weight, bias, kernel, stride, pads, (oh, ow))
     n = xd.shape[0]
     xp = _pad(xd, pads)
     # Columns in the view's natural (C, kh, kw) order; permuting the small
@@ -87,6 +94,42 @@ def conv2d(x, weight, bias=None, stride=1, padding="valid"):
             gw = _mm(cols.T, g2).reshape(cin, kh, kw, cout).transpose(1, 2, 0, 3)
         if bias is not None and bias.requires_grad:
             gb = g2.sum(axis=0, dtype=np.float32 if g2.dtype == np.float16 else None)
+        return (gx, gw) if bias is None else (gx, gw, gb)
+
+    parents = (x, weight) if bias is None else (x, weight, bias)
+    return Tensor._from_op(out, parents, backward)
+
+
+def _conv2d_half(x, weight, bias, kernel, stride, pads, out_hw):
+    # float16 operands: im2col and BLAS in float32 (the upcast is exact), bias
+    # added in float32, one rounding of the result to float16. Backward keeps
+    # only the small float16 padded input and rebuilds the float32 columns from
+    # it, instead of saving a column matrix kh*kw times the input's size; the
+    # input gradient is accumulated in float32 and rounded once.
+    xd, w = x.data, weight.data
+    kh, kw, cin, cout = w.shape
+    (oh, ow), n = out_hw, xd.shape[0]
+    xp = _pad(xd, pads)
+
+    def columns():
+        return _windows(_half_to_float(xp), kernel, stride, out_hw).reshape(n * oh * ow, cin * kh * kw)
+
+    w_mat = _half_to_float(w).transpose(2, 0, 1, 3).reshape(cin * kh * kw, cout)
+    out = _mm(columns(), w_mat)
+    if bias is not None:
+        out += _half_to_float(bias.data)
+    out = _float_to_half(out).reshape(n, oh, ow, cout)
+
+    def backward(g):
+        g2 = _half_to_float(g.reshape(n * oh * ow, cout))
+        gx = gw = gb = None
+        if x.requires_grad:
+            gcols = _mm(g2, w_mat.T).reshape(n, oh, ow, cin, kh, kw)
+            gx = _float_to_half(_crop(_scatter_windows(gcols, xp.shape, kernel, stride, out_hw, np.float32), pads))
+        if weight.requires_grad:
+            gw = _float_to_half(_mm(columns().T, g2).reshape(cin, kh, kw, cout).transpose(1, 2, 0, 3))
+        if bias is not None and bias.requires_grad:
+            gb = g2.sum(axis=0)  # float32; autograd rounds it once to the bias's float16
         return (gx, gw) if bias is None else (gx, gw, gb)
 
     parents = (x, weight) if bias is None else (x, weight, bias)
