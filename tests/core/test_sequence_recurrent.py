@@ -145,6 +145,14 @@ def test_rnn_gradients(nonlinearity):
     check_module_gradients(rnn, x, h0, loss=lambda r: r)
 
 
+@pytest.mark.parametrize("layer", [eo.GRU, eo.RNN])
+def test_gru_and_rnn_gradients_without_bias(layer):
+    m = layer(3, 2, bias=False, seed=12)
+    assert not any("bias" in name for name, _ in m.named_parameters())
+    x, h0, _ = _inputs(m, batch=2, steps=3)
+    check_module_gradients(m, x, h0, loss=lambda r: r)
+
+
 def test_lstm_gradients_without_bias_and_with_initial_state_as_input():
     lstm = eo.LSTM(3, 2, bias=False, seed=6)
     x, h0, c0 = _inputs(lstm, batch=2, steps=3)

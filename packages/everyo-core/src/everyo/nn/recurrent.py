@@ -11,7 +11,10 @@ where ``in_features`` is ``input_size`` for layer 0 and ``num_directions *
 hidden_size`` above it. Every parameter starts as U(-1/sqrt(H), 1/sqrt(H)),
 PyTorch's default. The input projection of a layer runs for all time steps in
 one ``linear``; the recurrence itself is one fused op per layer and direction
-(:mod:`everyo.recurrent_ops`).
+(:mod:`everyo.recurrent_ops`). Under ``eo.autocast()`` the input projection
+runs in float16 like every ``linear``, while the recurrence (state updates
+over many steps, where float16 error would compound) runs in the recurrent
+weights' dtype, so outputs and states come back in float32.
 """
 import math
 
