@@ -42,7 +42,12 @@ _COUNTER, _STATE, _PID = 0, 1, 2
 RUNNING, RETURNED, FAILED = 0, 1, 2
 _STATE_NAMES = {RUNNING: "running", RETURNED: "returned from its worker", FAILED: "failed"}
 
-_SPIN_CHECKS = 2000        # ~100-200 us of pure spinning
+# A rank with a core of its own spins for ~1 ms (MPI spins forever): the peer
+# it waits for is running on another core, so it usually arrives within that.
+# With more ranks than cores, spinning would steal the core from the very rank
+# everybody waits for, so the spin is short and the rank soon sleeps.
+_SPIN_CHECKS = 20000       # ~1 ms of pure spinning with a core per rank
+_SPIN_CHECKS_SHARED = 500  # ~30 us when ranks share cores
 _YIELD_SECONDS = 0.001     # then sched_yield until 1 ms has passed
 _SLEEP_SECONDS = 0.0001    # then sleep in 0.1 ms steps: a waiting rank must not steal the
                            # core from the rank it waits for when there are more ranks than cores
@@ -71,6 +76,7 @@ class ControlBlock:
         self._records_offset = (1 + world_size) * _LINE_WORDS * 8
         self._barriers = 0
         self._parent = os.getppid()
+        self.oversubscribed = False   # set by the group when world_size > cores
 
     # -- creation / attachment ------------------------------------------------
     @classmethod
@@ -173,12 +179,13 @@ class ControlBlock:
         target = self._barriers
         words = self.words
         words[self._line(self.rank) + _COUNTER] = target
+        spin = _SPIN_CHECKS_SHARED if self.oversubscribed else _SPIN_CHECKS
         for peer in range(self.world_size):
             index = self._line(peer) + _COUNTER
             checks = 0
             while words[index] < target:
                 checks += 1
-                if words[_ABORT] or checks >= _SPIN_CHECKS:
+                if words[_ABORT] or checks >= spin:
                     self._wait_slowly(peer, target, record)
                     break
 

@@ -36,6 +36,7 @@ from everyo.distributed.group import (
     reduce_in_rank_order,
 )
 from everyo.distributed.shm import attach_segment, create_segment, unlink_segment
+from everyo.distributed.threads import available_cores
 
 __all__ = ["SharedMemoryGroup", "data_segment_name"]
 
@@ -58,6 +59,7 @@ class SharedMemoryGroup(ProcessGroup):
         self._rank, self._world_size = rank, world_size
         self._control_name = control_name
         self._control = ControlBlock.attach(control_name, world_size, rank)
+        self._control.oversubscribed = world_size > available_cores()
         self._data = None          # Segment of the current generation
         self._generation = 0
         self._capacity = 0         # bytes per slot; identical on every rank
