@@ -168,3 +168,18 @@ def test_dropout_in_layers_only_in_training():
 def test_activation_must_be_known():
     with pytest.raises(ValueError, match="activation"):
         eo.TransformerEncoderLayer(8, 2, activation="swish")
+
+
+def test_sequence_models_round_trip_through_a_checkpoint(tmp_path):
+    def build(seed):
+        return eo.Sequential(eo.TransformerEncoder(1, 8, 2, 16, dropout=0.0, seed=seed))
+
+    lstm, model = eo.LSTM(8, 4, num_layers=2, bidirectional=True, seed=1), build(0)
+    eo.save({"lstm": lstm.state_dict(), "model": model.state_dict()}, tmp_path / "seq.npz")
+    state = eo.load(tmp_path / "seq.npz")
+    lstm2, model2 = eo.LSTM(8, 4, num_layers=2, bidirectional=True, seed=2), build(3)
+    lstm2.load_state_dict(state["lstm"])
+    model2.load_state_dict(state["model"])
+    x = data(2, 5, 8).astype("float32")
+    np.testing.assert_array_equal(lstm(x)[0].data, lstm2(x)[0].data)
+    np.testing.assert_array_equal(model(x).data, model2(x).data)
