@@ -1,0 +1,104 @@
+"""The float16 fast paths autocast relies on are exact: conversions are
+bit-identical to NumPy's astype, ReLU matches np.maximum code for code, and
+float16 layers agree with float32 math on float16-rounded operands."""
+import warnings
+
+import numpy as np
+import pytest
+
+import everyo as eo
+from everyo.functional import _float_to_half, _half_to_float
+
+ALL_HALF_CODES = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)
+
+
+def test_half_to_float_matches_astype_for_every_float16_code():
+    h = ALL_HALF_CODES.view(np.float16)
+    np.testing.assert_array_equal(_half_to_float(h).view(np.uint32), h.astype(np.float32).view(np.uint32))
+
+
+@pytest.mark.parametrize("start", range(0, 1 << 32, 1 << 29))
+def test_float_to_half_matches_astype_across_all_float32_bit_patterns(start):
+    # Every 61st bit pattern of a 2**29 slice: all exponents, both signs,
+    # ties, subnormals, overflow, inf and NaN payloads.
+    x = np.arange(start, start + (1 << 29), 61, dtype=np.uint64).astype(np.uint32).view(np.float32)
+    with np.errstate(all="ignore"):
+        expected = x.astype(np.float16)
+        got = _float_to_half(x)
+    np.testing.assert_array_equal(got.view(np.uint16), expected.view(np.uint16))
+
+
+def test_float_to_half_rounding_ties_to_even_and_subnormals():
+    values = np.array([2049.0, 2051.0, 1 + 2**-11, 1 + 3 * 2**-11, 2**-25, 2**-24, 1.5 * 2**-24,
+                       65504.0, 65519.0, -2**-14, -0.0, 6e-8, 3e-8], dtype=np.float32)
+    np.testing.assert_array_equal(_float_to_half(values).view(np.uint16), values.astype(np.float16).view(np.uint16))
+
+
+def test_conversions_keep_shape_for_0d_empty_and_strided_arrays():
+    for a in (np.array(3.5, np.float32), np.zeros((0, 3), np.float32), np.ones((4, 3), np.float32).T):
+        h = _float_to_half(a)
+        assert h.shape == a.shape and h.dtype == np.float16
+        assert _half_to_float(h).shape == a.shape
+
+
+def test_overflow_warns_like_astype_and_respects_errstate():
+    big = np.array([1.0, 1e6], dtype=np.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(RuntimeWarning, match="overflow"):
+            _float_to_half(big)
+        with np.errstate(over="ignore"):
+            assert np.isinf(_float_to_half(big)[1])
+
+
+def test_relu_on_float16_matches_numpy_for_every_code():
+    h = ALL_HALF_CODES.view(np.float16)
+    with np.errstate(all="ignore"):
+        expected = np.maximum(h, 0)
+    out = eo.relu(eo.tensor(h))
+    np.testing.assert_array_equal(out.data.view(np.uint16), expected.view(np.uint16))
+
+
+def test_relu_backward_on_float16_matches_numpy():
+    h = ALL_HALF_CODES.view(np.float16)
+    rng = np.random.default_rng(0)
+    x = eo.tensor(rng.permutation(h), requires_grad=True)
+    out = eo.relu(x)
+    out.backward(h)  # every float16 code as an incoming gradient
+    with np.errstate(all="ignore"):
+        expected = h * (out.data > 0)
+    finite = np.isfinite(expected)
+    np.testing.assert_array_equal(x.grad[finite].view(np.uint16), expected[finite].view(np.uint16))
+    np.testing.assert_array_equal(np.isnan(x.grad), np.isnan(expected))
+    np.testing.assert_array_equal(np.isinf(x.grad), np.isinf(expected))
+
+
+def test_float16_conv_backward_matches_float32_on_rounded_operands():
+    rng = np.random.default_rng(1)
+    x16 = rng.standard_normal((2, 6, 6, 3)).astype(np.float16)
+    k16 = rng.standard_normal((3, 3, 3, 4)).astype(np.float16)
+    g16 = rng.standard_normal((2, 3, 3, 4)).astype(np.float16)
+    grads = {}
+    for dtype in ("float16", "float32"):
+        x = eo.tensor(x16.astype(dtype), requires_grad=True)
+        k = eo.tensor(k16.astype(dtype), requires_grad=True)
+        eo.conv2d(x, k, stride=2, padding="same").backward(g16.astype(dtype))
+        grads[dtype] = (x.grad, k.grad)
+    for half, full in zip(grads["float16"], grads["float32"]):
+        assert half.dtype == np.float16
+        # float32 accumulation rounded once: the float32 result, rounded
+        np.testing.assert_array_equal(half, full.astype(np.float16))
+
+
+def test_float16_pool_backward_is_the_rounded_float32_gradient():
+    rng = np.random.default_rng(2)
+    x16 = rng.standard_normal((2, 5, 5, 3)).astype(np.float16)
+    g16 = rng.standard_normal((2, 3, 3, 3)).astype(np.float16)
+    for pool in (eo.max_pool2d, eo.avg_pool2d):
+        grads = {}
+        for dtype in ("float16", "float32"):
+            x = eo.tensor(x16.astype(dtype), requires_grad=True)
+            pool(x, 3, 2, padding="same").backward(g16.astype(dtype))
+            grads[dtype] = x.grad
+        assert grads["float16"].dtype == np.float16
+        np.testing.assert_allclose(grads["float16"].astype(np.float32), grads["float32"], rtol=1e-3, atol=1e-3)
