@@ -38,13 +38,15 @@ class _Block(Module):
             raise ValueError(f"{type(self).__name__} activation must be one of {sorted(_ACTIVATIONS)} or a callable, got {activation!r}")
         self.d_model, self.num_heads, self.norm_first = int(d_model), int(num_heads), bool(norm_first)
         self.activation = _ACTIVATIONS[activation] if isinstance(activation, str) else activation
-        rng = np.random.default_rng(seed)
-        self._next_seed = lambda: int(rng.integers(2**31))
+        self._seeds = np.random.default_rng(seed)  # one stream, so every sub-layer differs
         self._hyper = dict(dropout=dropout, dtype=dtype)
         self.linear1 = Linear(d_model, dim_feedforward, seed=self._next_seed(), dtype=dtype)
         self.linear2 = Linear(dim_feedforward, d_model, seed=self._next_seed(), dtype=dtype)
         self.dropout = Dropout(dropout, seed=self._next_seed())
         self._eps = layer_norm_eps
+
+    def _next_seed(self):
+        return int(self._seeds.integers(2**31))
 
     def _attention(self):
         return MultiHeadAttention(self.d_model, self.num_heads, dropout=self._hyper["dropout"],
