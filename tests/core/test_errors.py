@@ -6,7 +6,7 @@ import everyo as eo
 
 
 def test_error_hierarchy():
-    for cls in (eo.EveryOShapeError, eo.EveryODTypeError, eo.EveryOStateDictError,
+    for cls in (eo.EveryOShapeError, eo.EveryODTypeError, eo.EveryOStateDictError, eo.EveryOIndexError,
                 eo.EveryOSerializationError, eo.EveryODistributedError):
         assert issubclass(cls, eo.EveryOError)
     assert issubclass(eo.EveryOShapeError, ValueError) and issubclass(eo.EveryODTypeError, TypeError)

@@ -16,6 +16,7 @@ from everyo.errors import (  # noqa: E402
     EveryOShapeError,
     EveryODTypeError,
     EveryOStateDictError,
+    EveryOIndexError,
     EveryOSerializationError,
     EveryODistributedError,
 )

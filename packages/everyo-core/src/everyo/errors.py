@@ -22,6 +22,10 @@ class EveryODTypeError(EveryOError, TypeError):
     """An input has a dtype the layer or op cannot use (e.g. ints into Linear)."""
 
 
+class EveryOIndexError(EveryOError, IndexError):
+    """An index is out of range (e.g. a token id outside an Embedding's table)."""
+
+
 class EveryOStateDictError(EveryOError, KeyError):
     """A state dict has missing, unexpected or mis-shaped entries."""
 

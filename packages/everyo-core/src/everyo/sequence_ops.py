@@ -9,14 +9,10 @@ import numpy as np
 
 from everyo import dispatch
 from everyo.dispatch import FLOAT32
-from everyo.errors import EveryODTypeError, EveryOError, EveryOShapeError
+from everyo.errors import EveryODTypeError, EveryOIndexError, EveryOShapeError
 from everyo.tensor import Tensor
 
 __all__ = ["multi_output", "split", "embedding", "masked_softmax", "EveryOIndexError"]
-
-
-class EveryOIndexError(EveryOError, IndexError):
-    """An integer index (e.g. a token id into an Embedding) is out of range."""
 
 
 def multi_output(datas, parents, backward):

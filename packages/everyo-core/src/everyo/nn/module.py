@@ -149,7 +149,9 @@ class Module:
         if not self._modules:
             return f"{type(self).__name__}({self.extra_repr()})"
         lines = [f"  ({name}): " + repr(m).replace("\n", "\n  ") for name, m in self._modules.items()]
-        return f"{type(self).__name__}(\n" + "\n".join(lines) + "\n)"
+        extra = self.extra_repr()
+        head = f"{type(self).__name__}({extra}" + ("," if extra else "")
+        return head + "\n" + "\n".join(lines) + "\n)"
 
 
 def as_input(layer, x, ndim=None, last_dim=None, what="input"):
