@@ -77,7 +77,7 @@ def spawn(worker, world_size: int, args=(), timeout=None) -> list:
                 pipes.append(reader)
                 process = context.Process(
                     target=_worker_main,
-                    args=(worker, args, rank, world_size, control_name, writer),
+                    args=(worker, args, rank, world_size, control_name, writer, os.getpid()),
                     name=f"everyo-rank-{rank}",
                 )
                 try:
@@ -119,8 +119,26 @@ def _environment(updates):
                 os.environ[name] = value
 
 
-def _worker_main(worker, args, rank, world_size, control_name, pipe):
+def _die_with_parent(parent_pid):
+    """Have the kernel kill this worker if the parent dies (Linux), so no orphan keeps running.
+
+    The barrier also watches for a dead parent, but only while it waits; a
+    worker busy computing, or passing quick barriers, would never look.
+    """
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass  # not Linux: the barrier's parent check remains
+    if os.getppid() != parent_pid:  # the parent died before prctl took effect
+        os._exit(1)
+
+
+def _worker_main(worker, args, rank, world_size, control_name, pipe, parent_pid):
     """Entry point of each spawned process."""
+    _die_with_parent(parent_pid)
     group = None
     try:
         group = SharedMemoryGroup(control_name, rank, world_size)
