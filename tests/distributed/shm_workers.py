@@ -159,3 +159,13 @@ def spec_worker(group, inputs, targets, steps):
         optimizer.step()
 
     return [p.data for p in model.parameters()]
+
+
+def loops_forever(group, pid_dir):
+    """Writes its pid, then keeps calling collectives until it is stopped from outside."""
+    with open(os.path.join(pid_dir, f"rank{group.rank}.pid"), "w") as f:
+        f.write(str(os.getpid()))
+    x = np.ones(10)
+    while True:
+        group.all_reduce_sum(x)
+        time.sleep(0.005)

@@ -6,9 +6,11 @@ must be reported long before it (a test that reached it would fail on the
 message, since a timeout names different things).
 """
 import os
+import signal
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
@@ -125,3 +127,68 @@ def test_no_resource_tracker_warning_and_no_segment_after_the_interpreter_exits(
     assert "resource_tracker" not in proc.stderr and "leaked" not in proc.stderr, proc.stderr
     leftovers = [n for n in os.listdir("/dev/shm") if n.startswith(f"everyo_{proc.pid}_")]
     assert leftovers == []
+
+
+INTERRUPTED_SCRIPT = textwrap.dedent("""
+    import sys
+    from everyo.distributed import spawn
+    import shm_workers
+
+    if __name__ == "__main__":
+        spawn(shm_workers.loops_forever, 2, args=(sys.argv[1],))
+""")
+
+
+def start_looping_parent(tmp_path):
+    script = tmp_path / "loop.py"
+    script.write_text(INTERRUPTED_SCRIPT)
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(__file__)] + sys.path)
+    proc = subprocess.Popen([sys.executable, str(script), str(tmp_path)], stderr=subprocess.PIPE,
+                            text=True, env=env, start_new_session=True)
+    pid_files = [tmp_path / f"rank{r}.pid" for r in range(2)]
+    deadline = time.monotonic() + 60
+    while not all(p.exists() and p.read_text() for p in pid_files):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()
+        time.sleep(0.05)
+    time.sleep(0.2)   # the workers are now inside their collective loop
+    return proc, [int(p.read_text()) for p in pid_files]
+
+
+def wait_until_gone(pids, seconds=10):
+    deadline = time.monotonic() + seconds
+    alive = list(pids)
+    while alive and time.monotonic() < deadline:
+        alive = [pid for pid in alive if _alive(pid)]
+        time.sleep(0.05)
+    return alive
+
+
+def _alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"   # a zombie has exited
+    except FileNotFoundError:
+        return False
+
+
+def test_ctrl_c_in_the_parent_stops_workers_and_cleans_up(tmp_path):
+    proc, workers = start_looping_parent(tmp_path)
+    os.kill(proc.pid, signal.SIGINT)
+    _, stderr = proc.communicate(timeout=30)
+    assert "KeyboardInterrupt" in stderr
+    assert wait_until_gone(workers) == []
+    assert "resource_tracker" not in stderr, stderr
+    assert [n for n in os.listdir("/dev/shm") if n.startswith(f"everyo_{proc.pid}_")] == []
+
+
+def test_workers_die_with_a_killed_parent(tmp_path):
+    proc, workers = start_looping_parent(tmp_path)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.communicate(timeout=30)
+    assert wait_until_gone(workers) == []
+    # The resource tracker (which outlives the parent) unlinks the segments once the workers are gone.
+    deadline = time.monotonic() + 10
+    while [n for n in os.listdir("/dev/shm") if n.startswith(f"everyo_{proc.pid}_")]:
+        assert time.monotonic() < deadline, "segments of a killed parent were not cleaned up"
+        time.sleep(0.05)
