@@ -13,8 +13,10 @@ The server must not fall over because of what a client sends: each connection
 gets its own short-lived thread and a handshake deadline, every length is
 bounded, and any bad byte only closes that connection. A *misconfigured but
 authenticated* worker (a rank taken twice, a different world size) aborts the
-whole round, with the reason sent to every waiting worker, because the group it
-belongs to can no longer form correctly; the server then waits for a new round.
+round: the reason goes to every waiting worker and to every worker that joins
+later, because the launch it belongs to cannot form a correct group (whichever
+order the workers arrive in, all of them fail with the same reason). Restart
+the job, server included, to try again.
 """
 from __future__ import annotations
 
@@ -192,7 +194,9 @@ class TCPRendezvousServer:
     interface's address) for workers on other machines, on a trusted network only.
     ``token`` (default ``$EVERYO_DIST_TOKEN``) is the shared secret a worker
     must prove it holds. After a group forms the server is ready for another;
-    ``close()`` (or leaving the ``with`` block) stops it.
+    after a misconfigured join (a rank claimed twice, a different world size)
+    it refuses every later join with that reason. ``close()`` (or leaving the
+    ``with`` block) stops it.
 
     Example::
 
@@ -215,6 +219,7 @@ class TCPRendezvousServer:
         self._members = {}          # rank -> _Member, the round being formed
         self._handshaking = set()   # connections being checked, shut down by close()
         self._closed = False
+        self._aborted = None        # why the launch is misconfigured, once a worker showed it
         self.groups_formed = 0      # rounds completed (for monitoring and tests)
         self.clients_rejected = 0   # connections dropped: garbage, wrong token, refused joins
         self._thread = threading.Thread(target=self._serve, name=f"everyo-rendezvous-{self.port}", daemon=True)
@@ -349,8 +354,10 @@ class TCPRendezvousServer:
         with self._lock:
             if self._closed:
                 raise _Refused("the rendezvous server is closing")
-            problem = None
-            if world_size != self.world_size:
+            problem = self._aborted
+            if problem is not None:
+                pass   # an earlier worker already showed this launch is misconfigured
+            elif world_size != self.world_size:
                 problem = (f"the worker for rank {member.rank} (from {member.client}) was started with "
                            f"world_size={world_size}, but the rendezvous server expects world_size="
                            f"{self.world_size}; give every worker and the server the same world_size")
@@ -361,6 +368,7 @@ class TCPRendezvousServer:
                            f"{self._members[member.rank].client} and {member.client}; every worker "
                            f"needs a unique rank in [0, {world_size})")
             if problem is not None:
+                self._aborted = problem
                 losers, self._members = [*self._members.values(), member], {}
                 for m in losers:
                     wire.send_error(m.sock, "rendezvous aborted: " + problem)

@@ -175,6 +175,9 @@ class PeerLost(EveryODistributedError):
     """A peer closed its connection or reset it in the middle of a collective."""
 
 
+_LOST = "; it failed, exited or closed its group (its own error says why)"
+
+
 class Outgoing:
     """One frame to send: header then payload, resumable after partial writes."""
 
@@ -224,7 +227,7 @@ def transfer(socks: dict, outgoing: list, incoming: list, deadline: float, on_ti
             except (BlockingIOError, InterruptedError):
                 continue
             except OSError as exc:  # EPIPE, ECONNRESET: the peer is gone
-                raise PeerLost(f"{who_is(out.peer)} dropped the connection ({exc.strerror or exc})") from None
+                raise PeerLost(f"{who_is(out.peer)} closed its connection ({exc.strerror or exc}){_LOST}") from None
             progressed = True
             views = out.views
             while sent and views:
@@ -256,10 +259,10 @@ def transfer(socks: dict, outgoing: list, incoming: list, deadline: float, on_ti
             except (BlockingIOError, InterruptedError):
                 continue
             except OSError as exc:
-                raise PeerLost(f"{who_is(inc.peer)} dropped the connection ({exc.strerror or exc})") from None
+                raise PeerLost(f"{who_is(inc.peer)} closed its connection ({exc.strerror or exc}){_LOST}") from None
             if n == 0:
                 raise PeerLost(f"{who_is(inc.peer)} closed its connection "
-                               f"({inc.got_header + inc.got} bytes of the expected frame had arrived)")
+                               f"({inc.got_header + inc.got} bytes of the expected frame had arrived){_LOST}")
             progressed = True
             if inc.got_header == HEADER_SIZE and inc.got == len(inc.payload):
                 incoming.remove(inc)

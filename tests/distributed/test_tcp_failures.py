@@ -1,0 +1,293 @@
+"""Every way a TCP group can go wrong gives a clear error on the workers, and the server survives garbage.
+
+Ranks run as threads of this process; each test checks that the server's
+thread stopped and no rank thread is left behind.
+"""
+import os
+import socket
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from everyo.errors import EveryODistributedError
+from everyo.distributed import _wire as wire
+from everyo.distributed_tcp import TCPRendezvousServer, init_tcp_process_group
+
+from test_tcp_collectives import run_in_threads
+
+
+@pytest.fixture(autouse=True)
+def no_leftover_threads():
+    before = set(threading.enumerate())
+    yield
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        extra = [t for t in threading.enumerate() if t not in before and t.is_alive()]
+        if not extra:
+            break
+        time.sleep(0.05)
+    assert not extra, f"threads left running: {extra}"
+
+
+def join_in_threads(port, specs, timeout=10.0):
+    """Call init_tcp_process_group for each ``(rank, world_size, token)``; returns groups or exceptions."""
+    out = [None] * len(specs)
+
+    def target(i, rank, world_size, token):
+        try:
+            out[i] = init_tcp_process_group("127.0.0.1", port, rank, world_size, timeout=timeout, token=token)
+        except BaseException as exc:  # noqa: B902
+            out[i] = exc
+
+    threads = [threading.Thread(target=target, args=(i, *spec)) for i, spec in enumerate(specs)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout + 20)
+    for item in out:
+        if hasattr(item, "close"):
+            item.close()
+    return out
+
+
+# -- rendezvous -------------------------------------------------------------------------------
+
+def test_duplicate_rank_is_an_error_on_both_workers():
+    with TCPRendezvousServer(port=0, world_size=2) as server:
+        out = join_in_threads(server.port, [(1, 2, None), (1, 2, None)])
+    assert all(isinstance(e, EveryODistributedError) for e in out), out
+    for e in out:
+        assert "rank 1 was claimed twice" in str(e) and "unique rank" in str(e)
+
+
+@pytest.mark.parametrize("bad_first", [False, True])
+def test_wrong_world_size_is_an_error_on_every_worker(bad_first):
+    with TCPRendezvousServer(port=0, world_size=2) as server:
+        if bad_first:   # a worker that joins after the misconfigured one is told too, not left waiting
+            out = join_in_threads(server.port, [(1, 3, None)]) + join_in_threads(server.port, [(0, 2, None)])
+        else:
+            out = join_in_threads(server.port, [(0, 2, None), (1, 3, None)])
+    assert all(isinstance(e, EveryODistributedError) for e in out), out
+    assert all("world_size=3" in str(e) and "expects world_size=2" in str(e) for e in out)
+
+
+@pytest.mark.parametrize("server_token, worker_token", [("right", "wrong"), ("right", None), (None, "extra")])
+def test_wrong_token_is_refused(server_token, worker_token, monkeypatch):
+    monkeypatch.delenv(wire.TOKEN_ENV, raising=False)
+    with TCPRendezvousServer(port=0, world_size=1, token=server_token) as server:
+        [error] = join_in_threads(server.port, [(0, 1, worker_token)])
+        assert isinstance(error, EveryODistributedError)
+        assert "token" in str(error) and "rank 0" in str(error)
+        assert server.groups_formed == 0
+
+
+def test_token_from_the_environment(monkeypatch):
+    monkeypatch.setenv(wire.TOKEN_ENV, "from-env")
+    results, errors, _ = run_in_threads(2, lambda g: g.all_reduce_sum(np.ones(3))[0])
+    assert errors == [None, None] and results == [2.0, 2.0]
+    # A worker that overrides the shared secret with another one is refused.
+    with TCPRendezvousServer(port=0, world_size=1) as server:
+        [error] = join_in_threads(server.port, [(0, 1, "not-from-env")])
+    assert isinstance(error, EveryODistributedError) and "token" in str(error)
+
+
+def test_rank_out_of_range_fails_before_connecting():
+    with pytest.raises(ValueError, match="rank 2 is not in"):
+        init_tcp_process_group("127.0.0.1", 1, 2, 2)
+    with pytest.raises(TypeError):
+        init_tcp_process_group("127.0.0.1", 1, 0.0, 2)
+
+
+def test_rendezvous_timeout_names_the_cause():
+    with TCPRendezvousServer(port=0, world_size=2) as server:
+        start = time.monotonic()
+        [error] = join_in_threads(server.port, [(0, 2, None)], timeout=0.5)
+        assert time.monotonic() - start < 5
+    assert isinstance(error, EveryODistributedError)
+    assert "timed out after 0.5 s" in str(error) and "all 2 ranks" in str(error)
+
+
+def test_no_server_at_all_times_out():
+    free = socket.socket()
+    free.bind(("127.0.0.1", 0))
+    port = free.getsockname()[1]
+    free.close()
+    [error] = join_in_threads(port, [(0, 1, None)], timeout=0.3)
+    assert isinstance(error, EveryODistributedError) and "timed out" in str(error)
+
+
+def test_server_closed_while_a_worker_waits():
+    server = TCPRendezvousServer(port=0, world_size=2)
+    box = []
+    thread = threading.Thread(target=lambda: box.append(join_in_threads(server.port, [(0, 2, None)])[0]))
+    thread.start()
+    time.sleep(0.5)
+    server.close()
+    thread.join(20)
+    assert isinstance(box[0], EveryODistributedError) and "closed before the group formed" in str(box[0])
+
+
+def test_a_worker_that_left_is_replaced_not_a_duplicate():
+    with TCPRendezvousServer(port=0, world_size=2) as server:
+        [gone] = join_in_threads(server.port, [(1, 2, None)], timeout=0.5)   # gives up, disconnects
+        assert isinstance(gone, EveryODistributedError)
+        time.sleep(0.2)
+        out = join_in_threads(server.port, [(0, 2, None), (1, 2, None)])
+        assert not any(isinstance(e, BaseException) for e in out), out
+        assert server.groups_formed == 1
+
+
+def garbage_clients(port):
+    """Connections a rendezvous server must shrug off; returns the sockets (some left open)."""
+    socks = []
+
+    def connect():
+        s = socket.create_connection(("127.0.0.1", port))
+        socks.append(s)
+        return s
+
+    connect().sendall(os.urandom(1000))                                        # noise
+    connect().sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")                  # another protocol
+    connect().sendall(wire.pack_header(wire.HELLO, 1 << 40))                  # absurd length
+    connect().sendall(wire.pack_header(wire.JOIN, 8) + bytes(8))             # wrong first frame
+    hello = connect()                                                          # valid hello, then junk
+    hello.sendall(wire.pack_header(wire.HELLO, wire.NONCE_BYTES) + bytes(wire.NONCE_BYTES))
+    hello.sendall(os.urandom(200))
+    connect()                                                                  # silent, stays open
+    connect().close()                                                          # connects and leaves
+    return socks
+
+
+def test_server_survives_garbage_and_still_forms_the_group():
+    with TCPRendezvousServer(port=0, world_size=2, handshake_timeout=1.0) as server:
+        socks = garbage_clients(server.port)
+        time.sleep(0.3)
+        assert server._thread.is_alive()
+        out = join_in_threads(server.port, [(0, 2, None), (1, 2, None)])
+        assert not any(isinstance(e, BaseException) for e in out), out
+        assert server.groups_formed == 1
+        deadline = time.monotonic() + 5   # the silent client is dropped at its handshake deadline
+        while server.clients_rejected < 7 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert server.clients_rejected == 7
+        for s in socks:
+            s.close()
+
+
+def test_worker_talking_to_something_else_gets_a_protocol_error():
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def fake_server():
+        conn, _ = listener.accept()
+        with conn:
+            conn.recv(1000)
+            conn.sendall(b"HTTP/1.1 400 Bad Request\r\n\r\n" + bytes(40))
+            time.sleep(0.5)
+
+    thread = threading.Thread(target=fake_server)
+    thread.start()
+    [error] = join_in_threads(listener.getsockname()[1], [(0, 1, None)], timeout=5)
+    thread.join()
+    listener.close()
+    assert isinstance(error, wire.ProtocolError) and "not the everyo protocol" in str(error)
+
+
+# -- collectives ------------------------------------------------------------------------------
+
+def test_collective_mismatch_is_named_on_both_ranks():
+    def body(group):
+        if group.rank == 0:
+            group.all_reduce_mean(np.ones(4, np.float32))
+        else:
+            group.barrier()
+
+    _, errors, _ = run_in_threads(2, body)
+    for e in errors:
+        assert isinstance(e, EveryODistributedError)
+        assert "collective mismatch" in str(e)
+        assert "all_reduce_mean(size=4, dtype=float32) as collective #0" in str(e)
+        assert "barrier() as collective #0" in str(e)
+
+
+def test_size_mismatch_is_named():
+    _, errors, _ = run_in_threads(2, lambda g: g.all_reduce_sum(np.ones(5 + g.rank)))
+    assert all("size=5" in str(e) and "size=6" in str(e) for e in errors), errors
+
+
+def test_peer_disconnecting_mid_collective():
+    """Rank 1 sends half a frame and hangs up: rank 0 must fail at once, naming rank 1, not time out."""
+    n = 200_000
+
+    def body(group):
+        x = np.ones(n, np.float32)
+        if group.rank == 1:
+            sock = group._socks[0]
+            sock.setblocking(True)
+            sock.sendall(group._header(type("R", (), {"op": "all_reduce_sum", "dtype": "float32", "root": -1,
+                                                      "seq": 0, "size": n})(), n * 2) + bytes(1000))
+            time.sleep(0.2)
+            group.close()
+            return None
+        start = time.monotonic()
+        try:
+            group.all_reduce_sum(x)
+        except EveryODistributedError as exc:
+            return exc, time.monotonic() - start
+        return "no error", None
+
+    results, errors, _ = run_in_threads(2, body, timeout=30)
+    assert errors == [None, None]
+    error, seconds = results[0]
+    assert isinstance(error, EveryODistributedError), error
+    assert "rank 1 closed its connection" in str(error) and "rank 0, in all_reduce_sum" in str(error)
+    assert seconds < 10   # well before the 30 s timeout
+
+
+def test_failed_group_is_unusable_and_peers_fail_fast():
+    def body(group):
+        if group.rank == 1:
+            return None            # leaves without calling: closes its connections
+        first = second = None
+        try:
+            group.barrier()
+        except EveryODistributedError as exc:
+            first = exc
+        try:
+            group.barrier()
+        except EveryODistributedError as exc:
+            second = exc
+        return first, second
+
+    results, errors, _ = run_in_threads(2, body)
+    first, second = results[0]
+    assert "rank 1 closed its connection" in str(first)
+    assert "unusable after an earlier failure" in str(second)
+
+
+def test_collective_timeout_names_the_missing_rank():
+    release = threading.Event()
+
+    def body(group):
+        if group.rank == 1:
+            release.wait(10)      # alive, connected, but never calls the collective
+            return None
+        group.timeout = 0.5
+        try:
+            group.all_reduce_mean(np.ones(3))
+        except EveryODistributedError as exc:
+            return exc
+        finally:
+            release.set()
+
+    results, errors, _ = run_in_threads(2, body)
+    assert errors == [None, None]
+    message = str(results[0])
+    assert "timed out after 0.5 s waiting for rank(s) 1" in message and "same collectives" in message
+
+
+def test_closed_group_refuses_collectives():
+    results, errors, _ = run_in_threads(1, lambda g: g)
+    with pytest.raises(EveryODistributedError, match="closed group"):
+        results[0].barrier()
