@@ -27,10 +27,11 @@ MOMENTUM = 0.9
 
 
 def make_data(rows=512, seed=0):
-    """Inputs (rows, 4) and a smooth nonlinear target (rows, 1), float32."""
+    """Inputs (rows, 4) and a noisy smooth nonlinear target (rows, 1), float32."""
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((rows, 4)).astype(np.float32)
     y = 2.0 * np.sin(1.5 * x[:, :1]) + x[:, 1:2] * x[:, 2:3] - 0.5 * x[:, 3:4] ** 2 + 1.0
+    y = y + 0.2 * rng.standard_normal(y.shape)  # measurement noise: an MSE floor near 0.04
     return eo.tensor(x), eo.tensor(y.astype(np.float32))
 
 
