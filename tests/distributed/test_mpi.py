@@ -1,0 +1,168 @@
+"""The MPI process group under a real ``mpiexec``: the spec's training against one process, collectives against NumPy.
+
+The MPI ranks run this file as a program (``python test_mpi.py train|battery OUT``)
+and write their results with ``numpy.savez`` (no pickle); the tests read them
+back and compare. Skipped, with the reason, only when mpi4py is not installed.
+"""
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import shm_workers  # noqa: E402
+from shm_workers import DTYPES, SIZES, rank_data  # noqa: E402
+
+TRAIN_STEPS = 15
+
+
+def training_data():
+    rng = np.random.default_rng(0)
+    inputs = rng.standard_normal((256, 16)).astype(np.float32)
+    return inputs, np.sin(inputs[:, :1] * 2).astype(np.float32)
+
+
+# -- what each MPI rank runs ---------------------------------------------------------------------
+
+def child(mode, out_dir):
+    from everyo.distributed_mpi import MPIProcessGroup, init_mpi_process_group
+
+    group = init_mpi_process_group()
+    assert isinstance(group, MPIProcessGroup)
+    arrays = {}
+    if mode == "train":
+        weights = shm_workers.spec_worker(group, *training_data(), TRAIN_STEPS)
+        arrays = {f"w{i}": w for i, w in enumerate(weights)}
+    else:
+        result = shm_workers.collectives_battery(group)
+        for key in ("sum", "mean", "bcast"):
+            for (dtype, size), value in result[key].items():
+                arrays[f"{key}|{dtype}|{size}"] = value
+        for key in ("cancel32", "cancel16", "matrix_sum", "bool_bcast", "after"):
+            arrays[key] = result[key]
+        arrays["barrier"] = np.array(result["barrier"])
+        errors = dict(result["errors"])
+        try:
+            shm_workers.mismatched_size(group)
+        except Exception as exc:  # noqa: BLE001 - recorded for the test
+            errors["mismatch"] = f"{type(exc).__name__}: {exc}"
+        arrays["errors"] = np.array(json.dumps(errors))
+    np.savez(os.path.join(out_dir, f"rank{group.rank}.npz"), world=np.array(group.world_size), **arrays)
+    group.close()
+
+
+# -- the tests ----------------------------------------------------------------------------------
+
+def mpiexec_path():
+    beside = Path(sys.executable).parent / "mpiexec"
+    return str(beside) if beside.exists() else shutil.which("mpiexec")
+
+
+def run_mpi(world_size, mode, tmp_path):
+    pytest.importorskip("mpi4py", reason="mpi4py is not installed: pip install everyo-distributed[mpi]")
+    mpiexec = mpiexec_path()
+    assert mpiexec, "mpi4py is installed but no mpiexec was found on PATH or beside the Python executable"
+    env = {**os.environ, "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    proc = subprocess.Popen([mpiexec, "-n", str(world_size), sys.executable, __file__, mode, str(tmp_path)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                            start_new_session=True)
+    try:
+        output, _ = proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)   # mpiexec and every rank: nothing left behind
+        proc.communicate()
+        raise
+    assert proc.returncode == 0, f"mpiexec exited with {proc.returncode}:\n{output[-4000:]}"
+    results = []
+    for rank in range(world_size):
+        with np.load(tmp_path / f"rank{rank}.npz", allow_pickle=False) as data:
+            results.append({k: data[k] for k in data.files})
+    assert all(int(r["world"]) == world_size for r in results)
+    return results
+
+
+def test_missing_mpi4py_gives_the_install_hint(monkeypatch):
+    import everyo.distributed_mpi as dm
+
+    monkeypatch.setitem(sys.modules, "mpi4py", None)   # makes `from mpi4py import MPI` fail
+    with pytest.raises(ImportError, match=r"pip install everyo-distributed\[mpi\]"):
+        dm.init_mpi_process_group()
+
+
+def test_spec_training_under_mpiexec_matches_one_process(tmp_path):
+    from everyo.distributed import spawn
+    from test_tcp_collectives import one_process
+
+    ranks = run_mpi(2, "train", tmp_path)
+    weights = [[r[f"w{i}"] for i in range(len(r) - 1)] for r in ranks]
+    for a, b in zip(*weights):
+        assert a.tobytes() == b.tobytes()                       # both ranks end bit-identical
+    inputs, targets = training_data()
+    reference = one_process(inputs, targets, TRAIN_STEPS)
+    drift = max(float(np.abs(a - r).max()) for a, r in zip(weights[0], reference))
+    moved = max(float(np.abs(r - p.data).max())
+                for r, p in zip(reference, shm_workers.build_spec_model().parameters()))
+    assert moved > 1e-2 and drift < 1e-5
+    # With two ranks a float64 sum does not depend on the order, so MPI gives the shared-memory bits.
+    shm = spawn(shm_workers.spec_worker, 2, args=(inputs, targets, TRAIN_STEPS), timeout=120)
+    assert all(a.tobytes() == b.tobytes() for a, b in zip(weights[0], shm[0]))
+
+
+@pytest.fixture(scope="module")
+def battery(tmp_path_factory):
+    return run_mpi(3, "battery", tmp_path_factory.mktemp("mpi_battery"))
+
+
+def rank_order_reference(dtype, size, mean, world=3):
+    inputs = [rank_data(r, dtype, size) for r in range(world)]
+    if np.dtype(dtype).kind == "f":
+        acc = sum(x.astype(np.float64) for x in inputs)
+        return (acc / world if mean else acc).astype(dtype)
+    return np.sum(np.stack(inputs).astype(np.int64), axis=0).astype(dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_collectives_under_mpiexec_match_numpy(battery, dtype):
+    for size in SIZES:
+        for key, mean in (("sum", False), ("mean", True)):
+            name = f"{key}|{dtype}|{size}"
+            if name not in battery[0]:
+                continue
+            expected = rank_order_reference(dtype, size, mean)
+            for r in battery:
+                assert r[name].dtype == np.dtype(dtype) and r[name].shape == (size,)
+                if np.dtype(dtype).kind == "f":
+                    # MPI picks the order of the three float64 additions; one rounding to dtype either way.
+                    np.testing.assert_allclose(r[name], expected, rtol=np.finfo(dtype).eps, atol=0)
+                else:
+                    np.testing.assert_array_equal(r[name], expected)
+                assert r[name].tobytes() == battery[0][name].tobytes()     # every rank, same bits
+            bcast = f"bcast|{dtype}|{size}"
+            assert all(r[bcast].tobytes() == rank_data(size % 3, dtype, size).tobytes() for r in battery)
+
+
+def test_mpi_float64_accumulation_errors_and_barrier(battery):
+    for r in battery:
+        assert r["cancel32"] == 1.0 and r["cancel16"] == 1.0
+        np.testing.assert_array_equal(r["matrix_sum"], np.arange(12, dtype=np.float32).reshape(3, 4) * 6)
+        np.testing.assert_array_equal(r["bool_bcast"], np.array([True, False]) ^ True)
+        assert r["after"].tolist() == [3]
+        errors = json.loads(str(r["errors"]))
+        assert "would truncate" in errors["int_mean"] and "not supported" in errors["bool_sum"]
+        assert "collective mismatch" in errors["mismatch"] and "size=5" in errors["mismatch"]
+        assert "size=7" in errors["mismatch"]
+    last_arrival = max(r["barrier"][0] for r in battery)
+    assert all(r["barrier"][1] >= last_arrival for r in battery)
+
+
+if __name__ == "__main__":
+    child(sys.argv[1], sys.argv[2])
