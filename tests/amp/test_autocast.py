@@ -8,7 +8,7 @@ import pytest
 
 import everyo as eo
 from everyo import dispatch
-from everyo.amp import autocast, is_autocast_enabled
+from everyo.amp import is_autocast_enabled
 
 RNG = np.random.default_rng(0)
 
