@@ -94,10 +94,13 @@ def test_float32_ops_cast_float16_inputs_up_under_autocast(name):
     with eo.autocast():
         out = FLOAT32_OPS[name](_operands("float16"))
     assert out.dtype == "float32"
-    # outside autocast the same float16 inputs stay float16 (or promote only
-    # through float32 parameters, as LayerNorm/BatchNorm's affine does)
+    # outside autocast the same float16 inputs stay float16, except that
+    # float32 parameters promote (LayerNorm/BatchNorm's affine) and losses
+    # always run in float32 (core's rule: the spec computes the loss after
+    # the autocast block, on float16 predictions)
     out = FLOAT32_OPS[name](_operands("float16"))
-    expected = "float32" if name in ("LayerNorm", "BatchNorm1D") else "float16"
+    promoted = ("LayerNorm", "BatchNorm1D", "mse_loss", "cross_entropy", "bce_with_logits")
+    expected = "float32" if name in promoted else "float16"
     assert out.dtype == expected
 
 

@@ -195,3 +195,16 @@ def test_cross_entropy_module_matches_reference():
     z, t = f64(5, 4), np.array([0, 3, 1, 1, 2])
     logp = z - np.log(np.exp(z).sum(axis=1, keepdims=True))
     assert np.isclose(eo.CrossEntropyLoss()(eo.tensor(z), t).item(), -logp[np.arange(5), t].mean())
+
+
+@pytest.mark.parametrize("loss", [
+    lambda z: eo.cross_entropy(z, np.array([0, 1, 2, 1])),
+    lambda z: eo.mse_loss(z, eo.tensor(np.ones((4, 3), dtype=np.float16))),
+    lambda z: eo.binary_cross_entropy_with_logits(z, eo.tensor(np.ones((4, 3), dtype=np.float16))),
+])
+def test_losses_run_in_float32_even_on_float16_inputs(loss):
+    z = eo.tensor((f64(4, 3) * 8).astype(np.float16), requires_grad=True)
+    out = loss(z)
+    assert out.dtype == "float32"
+    out.backward()
+    assert z.grad.dtype == np.float16 and np.all(np.isfinite(z.grad))

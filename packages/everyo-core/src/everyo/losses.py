@@ -10,6 +10,18 @@ from everyo.tensor import Tensor
 __all__ = ["mse_loss", "cross_entropy", "binary_cross_entropy_with_logits"]
 
 
+def _float32_at_least(*tensors):
+    """Losses always run in float32 or wider, with or without autocast.
+
+    The spec's loop computes the loss *after* the autocast block, on float16
+    predictions; a float16 log-sum-exp or mean over a batch is exactly where 16
+    bits run out of range. The cast is a graph node, so the gradient flowing
+    back into float16 predictions is still float16.
+    """
+    tensors = dispatch.apply(FLOAT32, *tensors)
+    return tuple(t.astype("float32") if t.data.dtype == np.float16 else t for t in tensors)
+
+
 def _reduce(per_element, reduction, name):
     if reduction == "mean":
         return per_element.mean(), 1.0 / max(per_element.size, 1)
@@ -28,7 +40,7 @@ def _same_shape(pred, target, name):
 
 def mse_loss(pred, target, reduction="mean"):
     """Mean squared error ``mean((pred - target) ** 2)``."""
-    pred, target = dispatch.apply(FLOAT32, _t(pred), _t(target))
+    pred, target = _float32_at_least(_t(pred), _t(target))
     _same_shape(pred, target, "mse_loss")
     diff = pred.data - target.data
     out, scale = _reduce(diff * diff, reduction, "mse_loss")
@@ -47,7 +59,7 @@ def cross_entropy(logits, targets, reduction="mean"):
     gradient is ``softmax(logits) - one_hot(targets)``, which never overflows.
     Extra leading axes are allowed: logits (N, T, C) with targets (N, T).
     """
-    (logits,) = dispatch.apply(FLOAT32, _t(logits))
+    (logits,) = _float32_at_least(_t(logits))
     t = targets.data if isinstance(targets, Tensor) else np.asarray(targets)
     z = logits.data
     if not np.issubdtype(t.dtype, np.integer):
@@ -83,7 +95,7 @@ def cross_entropy(logits, targets, reduction="mean"):
 def binary_cross_entropy_with_logits(logits, targets, reduction="mean"):
     """Sigmoid + binary cross-entropy in one stable op:
     ``max(x, 0) - x * y + log1p(exp(-|x|))``."""
-    logits, targets = dispatch.apply(FLOAT32, _t(logits), _t(targets))
+    logits, targets = _float32_at_least(_t(logits), _t(targets))
     _same_shape(logits, targets, "binary_cross_entropy_with_logits")
     x, y = logits.data, targets.data
     per = np.maximum(x, 0) - x * y + np.log1p(np.exp(-np.abs(x)))
