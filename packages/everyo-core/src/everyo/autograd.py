@@ -10,6 +10,8 @@ import threading
 
 import numpy as np
 
+from everyo.half import _convert
+
 _state = threading.local()
 
 
@@ -82,7 +84,7 @@ def _as_grad(grad, like):
     # a float16 operand gets a float16 gradient even when its consumer ran in
     # float32 (and vice versa). This is what makes casts honest.
     if grad.dtype != like.dtype:
-        grad = grad.astype(like.dtype)
+        grad = _convert(grad, like.dtype)
     if grad.shape != like.shape:
         grad = np.broadcast_to(grad, like.shape)
     return grad
