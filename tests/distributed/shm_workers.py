@@ -38,6 +38,13 @@ def collectives_battery(group):
     # Cancellation: a float32 (or float16) running sum of 1 + 2**k - 2**k gives 0; float64 gives 1.
     out["cancel32"] = group.all_reduce_sum(np.array([1.0, 2.0**30, -2.0**30][group.rank], np.float32))
     out["cancel16"] = group.all_reduce_sum(np.array([1.0, 2048.0, -2048.0][group.rank], np.float16))
+    # Other inputs: a big-endian array, an everyo Tensor, a Python list, a 0-d array.
+    import everyo as eo
+
+    out["big_endian"] = group.all_reduce_sum(np.arange(4, dtype=">f4") * (group.rank + 1))
+    out["tensor"] = group.all_reduce_mean(eo.tensor(np.full(3, group.rank, np.float32)))
+    out["list"] = group.all_reduce_sum([1.0, 2.0])
+    out["scalar"] = group.broadcast(np.array(group.rank + 0.5), root=2)
     out["matrix_sum"] = group.all_reduce_sum(m)
     out["bool_bcast"] = group.broadcast(np.array([True, False]) ^ (group.rank == 1), root=1)
     # Bad calls raise locally (same on every rank), before any communication.

@@ -75,6 +75,16 @@ def test_shape_is_kept(battery):
         np.testing.assert_array_equal(result["matrix_sum"], expected)
 
 
+def test_other_inputs(battery):
+    factor = sum(range(1, WORLD + 1))
+    for result in battery:
+        assert result["big_endian"].dtype == np.float32 and result["big_endian"].dtype.isnative
+        np.testing.assert_array_equal(result["big_endian"], np.arange(4) * factor)
+        np.testing.assert_array_equal(result["tensor"], np.full(3, np.mean(range(WORLD)), np.float32))
+        assert result["list"].dtype == np.float64 and result["list"].tolist() == [WORLD, 2.0 * WORLD]
+        assert result["scalar"].shape == () and result["scalar"] == 2.5
+
+
 def test_broadcast_of_bool(battery):
     expected = np.array([True, False]) ^ True    # rank 1's array
     for result in battery:

@@ -118,8 +118,14 @@ def prepare_array(array, op: str) -> np.ndarray:
     (there is no sensible float64 reduction for them). ``all_reduce_mean`` of an
     integer array is refused: returning it in the input dtype would truncate.
     """
-    data = getattr(array, "data", array) if not isinstance(array, np.ndarray) else array
-    data = np.ascontiguousarray(data)
+    if not isinstance(array, np.ndarray):
+        inner = getattr(array, "data", None)      # an everyo Tensor holds its array in .data
+        array = inner if isinstance(inner, np.ndarray) else np.asarray(array)
+    # (np.ascontiguousarray would turn a 0-d array into shape (1,).)
+    data = array if array.flags.c_contiguous else np.ascontiguousarray(array)
+    if not data.dtype.isnative:
+        # Records compare dtype names, which ignore byte order: stage native bytes only.
+        data = data.astype(data.dtype.newbyteorder("="))
     kind = data.dtype.kind
     if kind not in ("fiub" if op == "broadcast" else "fiu"):
         raise EveryODistributedError(
