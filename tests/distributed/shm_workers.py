@@ -86,7 +86,9 @@ def mismatched_op(group):
 
 
 def mismatched_size(group):
-    group.all_reduce_sum(np.ones(5 + group.rank, np.float32))
+    group.all_reduce_sum(np.ones(100, np.float32))   # agreed: the buffer now has 64 KiB slots
+    # Rank 0's array fits the buffer, rank 1's would need it to grow: still caught, no hang.
+    group.all_reduce_sum(np.ones(5 if group.rank == 0 else 100_000, np.float32))
 
 
 def returns_early(group):

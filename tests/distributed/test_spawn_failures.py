@@ -38,8 +38,8 @@ def test_mismatched_operations_raise_naming_each_rank():
 
 def test_mismatched_sizes_raise_naming_each_rank():
     _, message = spawn_error(shm_workers.mismatched_size)
-    assert "rank 0 called all_reduce_sum(size=5, dtype=float32)" in message
-    assert "rank 1 called all_reduce_sum(size=6, dtype=float32)" in message
+    assert "rank 0 called all_reduce_sum(size=5, dtype=float32) as collective #1" in message
+    assert "rank 1 called all_reduce_sum(size=100000, dtype=float32) as collective #1" in message
 
 
 def test_rank_that_returns_early_is_named_instead_of_hanging():
