@@ -171,6 +171,9 @@ def reduce_in_rank_order(slots: Sequence[np.ndarray], op: str, out: Optional[np.
     flat_out = out.reshape(-1)
     flats = [s.reshape(-1) for s in slots]
     world = len(flats)
+    if world == 1:   # x -> float64 -> x is exact, and so is x / 1
+        np.copyto(flat_out, flats[0])
+        return out
     if first.dtype.kind == "f" and world == 2 and op == "sum":
         np.add(flats[0], flats[1], out=flat_out)
         return out
@@ -183,13 +186,10 @@ def reduce_in_rank_order(slots: Sequence[np.ndarray], op: str, out: Optional[np.
     for start in range(0, n, block):
         stop = min(start + block, n)
         acc = scratch[: stop - start]
-        if world == 1:
-            acc[...] = flats[0][start:stop]
-        else:
-            np.add(flats[0][start:stop], flats[1][start:stop], out=acc, dtype=acc_dtype)
+        np.add(flats[0][start:stop], flats[1][start:stop], out=acc, dtype=acc_dtype)
         for other in flats[2:]:
             np.add(acc, other[start:stop], out=acc, dtype=acc_dtype)
-        if op == "mean" and world > 1:
+        if op == "mean":
             if power_of_two:
                 np.multiply(acc, 1.0 / world, out=acc)
             else:

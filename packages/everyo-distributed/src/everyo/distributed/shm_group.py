@@ -45,6 +45,17 @@ _SPLIT_ELEMENTS = 1 << 15   # below this, splitting costs more in Python overhea
 _ALIGN = 4096
 
 
+_DTYPE_NAMES = {}
+
+
+def _dtype_name(dtype) -> str:
+    # numpy's dtype.name is computed on every access (~1 us); collectives are latency-bound.
+    name = _DTYPE_NAMES.get(dtype)
+    if name is None:
+        name = _DTYPE_NAMES[dtype] = dtype.name
+    return name
+
+
 def data_segment_name(control_name: str, generation: int) -> str:
     return f"{control_name}_d{generation}"
 
@@ -91,7 +102,7 @@ class SharedMemoryGroup(ProcessGroup):
                 f"broadcast: root {root} is not a rank of this group (world_size {self._world_size})"
             )
         data = prepare_array(array, "broadcast")
-        record = self._begin("broadcast", data.size, data.dtype.name, root)
+        record = self._begin("broadcast", data.size, _dtype_name(data.dtype), root)
         return self._guarded(self._broadcast_body, record, data, root)
 
     def close(self) -> None:
@@ -159,7 +170,7 @@ class SharedMemoryGroup(ProcessGroup):
 
     def _all_reduce(self, array, op_name: str, op: str) -> np.ndarray:
         data = prepare_array(array, op_name)
-        record = self._begin(op_name, data.size, data.dtype.name, -1)
+        record = self._begin(op_name, data.size, _dtype_name(data.dtype), -1)
         return self._guarded(self._all_reduce_body, record, data, op)
 
     def _all_reduce_body(self, record, data, op):
