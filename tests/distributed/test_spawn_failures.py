@@ -120,11 +120,12 @@ def test_no_resource_tracker_warning_and_no_segment_after_the_interpreter_exits(
     script.write_text(SCRIPT)
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(__file__)] + sys.path)
-    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                          env=env, timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.split("\n")[:2] == ["raised EveryODistributedError"] * 2
-    assert "resource_tracker" not in proc.stderr and "leaked" not in proc.stderr, proc.stderr
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 0, stderr
+    assert stdout.split("\n")[:2] == ["raised EveryODistributedError"] * 2
+    assert "resource_tracker" not in stderr and "leaked" not in stderr, stderr
     leftovers = [n for n in os.listdir("/dev/shm") if n.startswith(f"everyo_{proc.pid}_")]
     assert leftovers == []
 

@@ -239,11 +239,16 @@ def _death_message(rank, exitcode):
             cause += " (the kernel's out-of-memory killer sends this too)"
     else:
         cause = f"exited with code {exitcode}"
-    return (
-        f"rank {rank} {cause} without returning from its worker or raising. "
-        "If it printed a bootstrapping error above, the script that calls spawn needs an "
-        "`if __name__ == \"__main__\":` guard."
-    )
+    message = f"rank {rank} {cause} without returning from its worker or raising."
+    if exitcode == 1:
+        # Python's own exit code when the new process failed before the worker ran.
+        message += (
+            " If its stderr above shows a bootstrapping RuntimeError, the script that calls spawn "
+            "needs an `if __name__ == \"__main__\":` guard; if it shows \"Can't get attribute\", "
+            "the worker must be defined in an importable module (not in a notebook or an "
+            "interactive session)."
+        )
+    return message
 
 
 def _timeout_message(timeout, finished, control):
