@@ -66,7 +66,7 @@ def shm_worker(group, sizes):
     return out
 
 
-def mpi_worker(sizes):
+def mpi_worker(sizes, everyo_group=False):
     """Runs under ``mpiexec -n 2``: rank 0 prints the times as JSON."""
     from mpi4py import MPI
 
@@ -76,6 +76,14 @@ def mpi_worker(sizes):
         x = np.full(size, comm.rank + 1, np.float32)
         y = np.empty_like(x)
         out[size] = time_loop(lambda: comm.Allreduce(x, y, op=MPI.SUM), size, comm.Barrier)
+    if everyo_group:   # EveryO's MPI group on the same ranks (float64 reduction, agreement check)
+        from everyo.distributed_mpi import init_mpi_process_group
+
+        with init_mpi_process_group(comm) as group:
+            for size in sizes:
+                x = np.full(size, comm.rank + 1, np.float32)
+                out[f"group {size}"] = time_loop(lambda: group.all_reduce_sum(x), size, group.barrier)
+                out[f"group mean {size}"] = time_loop(lambda: group.all_reduce_mean(x), size, group.barrier)
     if comm.rank == 0:
         print(json.dumps(out))
 
@@ -85,13 +93,14 @@ def find_mpiexec():
     return str(beside) if beside.exists() else shutil.which("mpiexec")
 
 
-def mpi_round(mpiexec, sizes):
+def mpi_round(mpiexec, sizes, everyo_group=False):
     cmd = [mpiexec, "-n", "2", sys.executable, __file__, "--mpi-worker", "--sizes", *map(str, sizes)]
+    cmd += ["--everyo-group"] if everyo_group else []
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
     if proc.returncode != 0:
         raise RuntimeError(f"mpiexec failed ({proc.returncode}):\n{proc.stderr[-2000:]}")
-    return {int(k): v for k, v in json.loads(proc.stdout.strip().splitlines()[-1]).items()}
+    return {int(k) if k.isdigit() else k: v for k, v in json.loads(proc.stdout.strip().splitlines()[-1]).items()}
 
 
 def copyto_round(sizes):
@@ -153,6 +162,109 @@ def allreduce_table(rounds, sizes):
     return headers, rows
 
 
+def tcp_worker(group, sizes):
+    """EveryO's TCP group on 127.0.0.1; the shared-memory group only carries the server's port."""
+    from everyo.distributed_tcp import TCPRendezvousServer, init_tcp_process_group
+
+    server = TCPRendezvousServer(port=0, world_size=group.world_size) if group.rank == 0 else None
+    try:
+        port = int(group.broadcast(np.array([server.port if server else 0]), root=0)[0])
+        with init_tcp_process_group("127.0.0.1", port, group.rank, group.world_size) as tcp:
+            out = shm_worker(tcp, sizes)
+    finally:
+        if server is not None:
+            server.close()
+    return out
+
+
+def gloo_worker(group, sizes):
+    """PyTorch's gloo backend (in-place sum over TCP), when torch is installed."""
+    import socket
+
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    port = 0
+    if group.rank == 0:
+        with socket.socket() as probe:   # a free port for gloo's own rendezvous store
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+    port = int(group.broadcast(np.array([port]), root=0)[0])
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=group.rank,
+                            world_size=group.world_size)
+    try:
+        out = {}
+        for size in sizes:
+            x = torch.from_numpy(np.full(size, group.rank + 1, np.float32))
+            out[size] = time_loop(lambda: dist.all_reduce(x), size, dist.barrier)
+    finally:
+        dist.destroy_process_group()
+    return out
+
+
+def backends_table(rounds, sizes):
+    """EveryO's TCP group (vs gloo when torch is importable) and EveryO's MPI group (vs raw mpi4py), interleaved."""
+    from everyo.distributed import spawn
+
+    try:
+        import torch  # noqa: F401
+
+        have_torch = True
+    except ImportError:
+        have_torch = False
+    mpiexec = None
+    try:
+        import mpi4py  # noqa: F401
+
+        mpiexec = find_mpiexec()
+    except ImportError:
+        pass
+    runs = {"tcp": [], "gloo": [], "mpi": []}
+    for r in range(rounds):
+        runs["tcp"].append(spawn(tcp_worker, 2, args=(sizes,))[0])
+        if have_torch:
+            runs["gloo"].append(spawn(gloo_worker, 2, args=(sizes,))[0])
+        if mpiexec:
+            runs["mpi"].append(mpi_round(mpiexec, sizes, everyo_group=True))
+        print(f"  round {r + 1}/{rounds} done", file=sys.stderr, flush=True)
+
+    def med(name, key):
+        return statistics.median(run[key] for run in runs[name])
+
+    def ratio(a, key_a, b, key_b):
+        return statistics.median(x[key_a] / y[key_b] for x, y in zip(runs[a], runs[b]))
+
+    headers = ["elements", "TCP sum", "TCP mean", "gloo", "TCP / gloo", "target", "met",
+               "MPI group sum", "MPI group mean", "mpi4py", "group / mpi4py"]
+    rows = []
+    for size in sizes:
+        row = [f"{size:.0e}", fmt_time(med("tcp", size)), fmt_time(med("tcp", ("mean", size)))]
+        if runs["gloo"]:
+            tcp_vs_gloo = ratio("tcp", size, "gloo", size)
+            row += [fmt_time(med("gloo", size)), f"{tcp_vs_gloo:.2f}x"]
+        else:
+            tcp_vs_gloo = None
+            row += ["-", "-"]
+        if size >= 10**6:
+            row += ["<= 1.0x gloo", "-" if tcp_vs_gloo is None else str(tcp_vs_gloo <= 1.0)]
+        else:
+            row += ["-", "-"]
+        if runs["mpi"]:
+            row += [fmt_time(med("mpi", f"group {size}")), fmt_time(med("mpi", f"group mean {size}")),
+                    fmt_time(med("mpi", size)), f"{ratio('mpi', f'group {size}', 'mpi', size):.2f}x"]
+        else:
+            row += ["-"] * 4
+        rows.append(row)
+    notes = ["TCP and the MPI group reduce in float64 and return a new array; gloo and raw mpi4py "
+             "sum float32 in place (into a preallocated buffer)."]
+    if not have_torch:
+        notes.append("torch is not installed, so there is no gloo column (pip install torch to compare).")
+    if not mpiexec:
+        notes.append("mpi4py or mpiexec not found: no MPI columns (pip install everyo-distributed[mpi]).")
+    return headers, rows, notes
+
+
 def training_table(rounds):
     """The spec's training workload (examples/distributed_training.py), 1 vs 2 workers, interleaved."""
     sys.path.insert(0, str(HERE.parent / "examples"))
@@ -186,11 +298,13 @@ def main():
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--sizes", type=float, nargs="+", default=SIZES)
     parser.add_argument("--training", action="store_true", help="also time the spec's training, 1 vs 2 workers")
+    parser.add_argument("--no-backends", action="store_true", help="skip the TCP / gloo / MPI-group table")
     parser.add_argument("--mpi-worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--everyo-group", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes]
     if args.mpi_worker:
-        return mpi_worker(sizes)
+        return mpi_worker(sizes, args.everyo_group)
 
     sys.path.insert(0, str(HERE))
     from harness import blas_info, machine_info, print_table
@@ -202,6 +316,12 @@ def main():
     headers, rows = allreduce_table(args.rounds, sizes)
     print_table(f"all_reduce_sum of float32 at 2 ranks (median of {args.rounds} interleaved rounds)",
                 headers, rows)
+    if not args.no_backends:
+        headers, rows, notes = backends_table(args.rounds, sizes)
+        print_table(f"other process groups at 2 ranks, float32 (median of {args.rounds} interleaved rounds)",
+                    headers, rows)
+        for note in notes:
+            print("note:", note)
     if args.training:
         ratio, rows = training_table(max(3, args.rounds // 2))
         print_table("spec training (60 steps, 4096 rows, OMP_NUM_THREADS=1): seconds of the slowest "

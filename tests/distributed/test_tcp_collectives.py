@@ -87,7 +87,7 @@ def test_float64_accumulation_shape_bool_and_local_errors(battery):
         assert result["cancel32"] == 1.0 and result["cancel16"] == 1.0   # float32 accumulation would give 0
         np.testing.assert_array_equal(result["matrix_sum"], np.arange(12, dtype=np.float32).reshape(3, 4) * 6)
         np.testing.assert_array_equal(result["bool_bcast"], np.array([True, False]) ^ True)
-        assert set(result["errors"]) == {"int_mean", "bool_sum", "bad_root"}
+        assert {"int_mean", "bool_sum", "bad_root"} <= set(result["errors"])
         assert "would truncate" in result["errors"]["int_mean"]
         assert result["after"].tolist() == [0 + 1 + 2]   # refused calls did not break the group
 
