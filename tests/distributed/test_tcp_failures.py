@@ -291,3 +291,31 @@ def test_closed_group_refuses_collectives():
     results, errors, _ = run_in_threads(1, lambda g: g)
     with pytest.raises(EveryODistributedError, match="closed group"):
         results[0].barrier()
+
+
+def test_peer_process_killed_while_rank_0_waits(tmp_path):
+    """A real process (rank 1) is SIGKILLed while rank 0 waits in an all-reduce: rank 0 fails at once."""
+    import subprocess
+    import sys
+
+    code = (
+        "import os, signal, sys, time\n"
+        "from everyo.distributed_tcp import init_tcp_process_group\n"
+        "group = init_tcp_process_group('127.0.0.1', int(sys.argv[1]), 1, 2, timeout=30)\n"
+        "time.sleep(0.3)\n"
+        "os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
+    with TCPRendezvousServer(port=0, world_size=2) as server:
+        child = subprocess.Popen([sys.executable, "-c", code, str(server.port)],
+                                 env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+        try:
+            group = init_tcp_process_group("127.0.0.1", server.port, 0, 2, timeout=30)
+            start = time.monotonic()
+            with group, pytest.raises(EveryODistributedError, match="rank 1 closed its connection"):
+                group.all_reduce_mean(np.ones(10, np.float32))
+            assert time.monotonic() - start < 10     # noticed at the death, not at the 30 s timeout
+            assert child.wait(10) == -9              # it really died by its own SIGKILL
+        finally:
+            if child.poll() is None:
+                child.kill()
+                child.wait(10)
