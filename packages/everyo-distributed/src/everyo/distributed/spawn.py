@@ -27,6 +27,7 @@ from everyo.distributed.threads import worker_thread_env
 __all__ = ["spawn"]
 
 _GRACE_SECONDS = 1.0   # after a failure: how long the other ranks get to stop on their own
+_EXIT_SECONDS = 10.0   # after success: how long the ranks get to exit before being terminated
 _TIMEOUT_HINT = (
     "If spawn times out, the usual cause is a rank that took a different path through the "
     "loop: every rank must call the same collectives the same number of times, or the ones "
@@ -91,7 +92,11 @@ def spawn(worker, world_size: int, args=(), timeout=None) -> list:
                 finally:
                     writer.close()
                 processes.append(process)
-        return _supervise(processes, pipes, control, timeout)
+        results = _supervise(processes, pipes, control, timeout)
+        # Every rank has sent its result; let them exit on their own (flushing their
+        # output) rather than be terminated in the middle of it.
+        _join_all(processes, _EXIT_SECONDS)
+        return results
     finally:
         _stop(processes)
         for pipe in pipes:
@@ -270,6 +275,12 @@ def _timeout_message(timeout, finished, control):
         f"spawn timed out after {timeout} s; rank(s) {', '.join(unfinished)} had not finished:\n"
         + "\n".join(lines) + "\n" + _TIMEOUT_HINT
     )
+
+
+def _join_all(processes, seconds):
+    deadline = time.monotonic() + seconds
+    for process in processes:
+        process.join(max(0.0, deadline - time.monotonic()))
 
 
 def _stop(processes):
