@@ -47,6 +47,30 @@ def test_every_pair_of_edge_values(dtype, world, op):
     inputs = inputs[:world]
     with np.errstate(all="ignore"):
         assert_same_bits(reduce_in_rank_order(inputs, op), float64_reference(inputs, op))
+        # Longer, with edge values straddling the block edges.
+        long_inputs = [np.tile(x, 13) for x in inputs]
+        assert_same_bits(reduce_in_rank_order(long_inputs, op, block=1000),
+                         float64_reference(long_inputs, op))
+
+
+@settings(max_examples=20, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), exponent_range=st.integers(0, 40))
+def test_two_rank_float32_mean_on_wide_ranges(seed, exponent_range):
+    # Magnitudes from 2**-149 (subnormal) to 2**127: overflowing sums, subnormal halves.
+    rng = np.random.default_rng(seed)
+    n = 6000
+    exponents = rng.integers(-150 + exponent_range, 128 - exponent_range, size=(2, n))
+    with np.errstate(all="ignore"):
+        inputs = [(rng.uniform(-2, 2, n) * np.exp2(exponents[r].astype(np.float64))).astype(np.float32)
+                  for r in range(2)]
+        assert_same_bits(reduce_in_rank_order(inputs, "mean", block=2048), float64_reference(inputs, "mean"))
+
+
+def test_two_rank_mean_with_aliased_output():
+    a = np.linspace(-1, 1, 5000, dtype=np.float32)
+    b = np.full(5000, 3.0, np.float32)
+    expected = float64_reference([a, b], "mean")
+    assert_same_bits(reduce_in_rank_order([a, b], "mean", out=a), expected)
 
 
 @settings(max_examples=60, deadline=None)
