@@ -139,6 +139,56 @@ def test_data_moves_point_to_point_not_through_rank_0():
     assert server.port not in set().union(*(r[1] for r in results))
 
 
+@pytest.mark.parametrize("world", [2, 3])
+def test_streamed_segments_match_numpy(monkeypatch, world):
+    """Large all-reduces stream each block in segments; tiny segments here make many, with ragged ends."""
+    import everyo.distributed_tcp as tcp
+
+    monkeypatch.setattr(tcp, "_SEGMENT_BYTES", 4096)
+    cases = [("float32", 70_001), ("float64", 33_337), ("int64", 20_011), ("float16", 90_001)]
+
+    def body(group):
+        return {(dtype, n, op): getattr(group, op)(rank_data(group.rank, dtype, n))
+                for dtype, n in cases for op in ("all_reduce_sum", "all_reduce_mean")
+                if op == "all_reduce_sum" or np.dtype(dtype).kind == "f"}
+
+    results, errors, _ = run_in_threads(world, body)
+    assert errors == [None] * world, errors
+    for (dtype, n, op), got in results[0].items():
+        expected = reference_for(dtype, n, op == "all_reduce_mean", world)
+        assert got.tobytes() == expected.tobytes(), (dtype, n, op)
+        assert all(r[dtype, n, op].tobytes() == got.tobytes() for r in results)
+
+
+def reference_for(dtype, size, mean, world):
+    inputs = [rank_data(r, dtype, size) for r in range(world)]
+    if np.dtype(dtype).kind == "f":
+        acc = inputs[0].astype(np.float64)
+        for x in inputs[1:]:
+            acc = acc + x.astype(np.float64)
+        return (acc / world if mean else acc).astype(dtype)
+    return np.sum(np.stack(inputs).astype(np.int64), axis=0).astype(dtype)
+
+
+def test_large_results_are_recycled_only_once_dropped():
+    """The last large result's memory is reused when the caller let it go, never while it is held."""
+    def body(group):
+        x = np.full(600_000, group.rank + 1.0, np.float32)      # 2.4 MB: above the recycling size
+        held = group.all_reduce_sum(x)
+        view_of_held = held[10:20]
+        second = group.all_reduce_sum(x * 2)                    # `held` is alive: must not be overwritten
+        intact = bool((held == 3).all() and (view_of_held == 3).all()) and not np.shares_memory(held, second)
+        second_ok = bool((second == 6).all())
+        second_address = second.__array_interface__["data"][0]
+        del held, view_of_held, second
+        third = group.all_reduce_sum(x * 3)
+        return intact, second_ok and bool((third == 9).all()), third.__array_interface__["data"][0] == second_address
+
+    results, errors, _ = run_in_threads(2, body)
+    assert errors == [None, None]
+    assert all(r == (True, True, True) for r in results)
+
+
 # -- the spec's training example through TCP ----------------------------------------------------
 
 def tcp_spec_worker(shm_group, inputs, targets, steps):

@@ -319,3 +319,11 @@ def test_peer_process_killed_while_rank_0_waits(tmp_path):
             if child.poll() is None:
                 child.kill()
                 child.wait(10)
+
+
+def test_port_in_use_is_a_clear_error():
+    with TCPRendezvousServer(port=0, world_size=1) as server:
+        with pytest.raises(EveryODistributedError, match="cannot listen on 127.0.0.1.*another process holds the port"):
+            TCPRendezvousServer(port=server.port, world_size=1)
+    with pytest.raises(ValueError, match="world_size must be a positive int"):
+        TCPRendezvousServer(port=0)

@@ -20,6 +20,7 @@ the job, server included, to try again.
 """
 from __future__ import annotations
 
+import errno
 import os
 import select
 import socket
@@ -211,7 +212,13 @@ class TCPRendezvousServer:
         self.world_size = world_size
         self._key = wire.resolve_token(token)
         self._handshake_timeout = handshake_timeout
-        self._listener = socket.create_server((host, port), backlog=128)
+        try:
+            self._listener = socket.create_server((host, port), backlog=128)
+        except OSError as exc:
+            raise EveryODistributedError(
+                f"TCPRendezvousServer cannot listen on {host}:{port}: {exc.strerror or exc}"
+                + (" (another process holds the port; pick another or port=0 for a free one)"
+                   if exc.errno == errno.EADDRINUSE else "")) from None
         self._listener.setblocking(False)
         self.host, self.port = host, self._listener.getsockname()[1]
         self._wake_read, self._wake_write = socket.socketpair()

@@ -21,6 +21,7 @@ and foreign protocols, but anyone who speaks the protocol can join.
 """
 from __future__ import annotations
 
+import collections
 import hashlib
 import hmac
 import os
@@ -179,109 +180,147 @@ _LOST = "; it failed, exited or closed its group (its own error says why)"
 
 
 class Outgoing:
-    """One frame to send: header then payload, resumable after partial writes."""
+    """One frame to send: header then payload, resumable after partial writes.
 
-    __slots__ = ("peer", "views")
+    ``ready`` False holds the frame (and the ones queued after it for the same
+    peer) until an :class:`Incoming`'s ``on_done`` callback sets it True.
+    """
 
-    def __init__(self, peer, header: bytes, payload):
-        self.peer = peer
+    __slots__ = ("peer", "views", "ready")
+
+    def __init__(self, peer, header: bytes, payload, ready=True):
+        self.peer, self.ready = peer, ready
         self.views = [memoryview(header)] + ([payload] if len(payload) else [])
 
 
 class Incoming:
     """One frame to receive into ``payload`` (a writable byte view of the exact expected size).
 
-    ``check(fields)`` validates the header fields before any payload byte is read.
+    ``check(fields)`` validates the header fields before any payload byte is
+    read; ``on_done()`` (optional) runs once the payload is complete.
     """
 
-    __slots__ = ("peer", "header", "header_view", "got_header", "payload", "got", "check")
+    __slots__ = ("peer", "header", "header_view", "got_header", "payload", "got", "check", "on_done")
 
-    def __init__(self, peer, payload, check):
-        self.peer, self.payload, self.check = peer, payload, check
+    def __init__(self, peer, payload, check, on_done=None):
+        self.peer, self.payload, self.check, self.on_done = peer, payload, check, on_done
         self.header = bytearray(HEADER_SIZE)
         self.header_view = memoryview(self.header)
         self.got_header = 0
         self.got = 0
 
 
+def _queues(frames):
+    queues = {}
+    for frame in frames:
+        queues.setdefault(frame.peer, collections.deque()).append(frame)
+    return queues
+
+
+def _send_some(sock, out) -> bool:
+    """Send what the socket takes now; True once the whole frame is out."""
+    sent = sock.sendmsg(out.views)
+    views = out.views
+    while sent and views:
+        if sent >= len(views[0]):
+            sent -= len(views[0])
+            views.pop(0)
+        else:
+            views[0] = views[0][sent:]
+            sent = 0
+    return not views
+
+
+def _recv_some(sock, inc, who) -> bool:
+    """Receive what has arrived; True once the whole frame is in. Checks the header as soon as it is complete."""
+    if inc.got_header < HEADER_SIZE:
+        n = sock.recv_into(inc.header_view[inc.got_header:])
+        if n == 0:
+            raise PeerLost(f"{who} closed its connection ({inc.got_header} bytes of the expected frame "
+                           f"had arrived){_LOST}")
+        inc.got_header += n
+        if inc.got_header < HEADER_SIZE:
+            return False
+        fields = unpack_header(inc.header, who)
+        inc.check(fields)
+        if fields[6] != len(inc.payload):
+            raise ProtocolError(f"{who} announced {fields[6]} payload bytes, expected exactly {len(inc.payload)}")
+    elif inc.got < len(inc.payload):
+        n = sock.recv_into(inc.payload[inc.got:])
+        if n == 0:
+            raise PeerLost(f"{who} closed its connection ({HEADER_SIZE + inc.got} bytes of the expected "
+                           f"frame had arrived){_LOST}")
+        inc.got += n
+    return inc.got == len(inc.payload)
+
+
 def transfer(socks: dict, outgoing: list, incoming: list, deadline: float, on_timeout, who_is):
     """Send every :class:`Outgoing` and receive every :class:`Incoming`, all at once.
 
-    ``socks`` maps peer rank -> non-blocking socket. At most one frame per peer
-    and direction. Each pass tries every pending transfer once and only waits
-    in ``poll`` when none made progress, so a large send never blocks a
-    receive (which would deadlock two ranks sending to each other).
-    ``on_timeout(pending_peers)`` builds the timeout error; ``who_is(peer)``
-    names a peer in messages.
+    ``socks`` maps peer rank -> non-blocking socket. Frames to (or from) the
+    same peer go in list order; different peers proceed independently. Each
+    pass tries every peer once and only waits in ``poll`` when nothing moved,
+    so a large send never blocks a receive (which would deadlock two ranks
+    sending to each other), and work done in ``on_done`` callbacks overlaps
+    with the transfers still in flight. ``on_timeout(pending_peers)`` builds
+    the timeout error; ``who_is(peer)`` names a peer in messages.
     """
-    outgoing = [o for o in outgoing]
-    incoming = [i for i in incoming]
+    sends, recvs = _queues(outgoing), _queues(incoming)
     poller = select.poll()
     registered = {}
-    while outgoing or incoming:
+    while sends or recvs:
         progressed = False
-        for out in list(outgoing):
-            sock = socks[out.peer]
+        for peer in list(sends):
+            queue = sends[peer]
+            if not queue[0].ready:
+                continue
             try:
-                sent = sock.sendmsg(out.views)
+                done = _send_some(socks[peer], queue[0])
             except (BlockingIOError, InterruptedError):
                 continue
             except OSError as exc:  # EPIPE, ECONNRESET: the peer is gone
-                raise PeerLost(f"{who_is(out.peer)} closed its connection ({exc.strerror or exc}){_LOST}") from None
+                raise PeerLost(f"{who_is(peer)} closed its connection ({exc.strerror or exc}){_LOST}") from None
             progressed = True
-            views = out.views
-            while sent and views:
-                if sent >= len(views[0]):
-                    sent -= len(views[0])
-                    views.pop(0)
-                else:
-                    views[0] = views[0][sent:]
-                    sent = 0
-            if not views:
-                outgoing.remove(out)
-        for inc in list(incoming):
-            sock = socks[inc.peer]
+            if done:
+                queue.popleft()
+                if not queue:
+                    del sends[peer]
+        for peer in list(recvs):
+            queue = recvs[peer]
             try:
-                if inc.got_header < HEADER_SIZE:
-                    n = sock.recv_into(inc.header_view[inc.got_header:])
-                    if n:
-                        inc.got_header += n
-                        if inc.got_header == HEADER_SIZE:
-                            fields = unpack_header(inc.header, who_is(inc.peer))
-                            inc.check(fields)
-                            if fields[6] != len(inc.payload):
-                                raise ProtocolError(
-                                    f"{who_is(inc.peer)} announced {fields[6]} payload bytes, "
-                                    f"expected exactly {len(inc.payload)}")
-                else:
-                    n = sock.recv_into(inc.payload[inc.got:])
-                    inc.got += n
+                done = _recv_some(socks[peer], queue[0], who_is(peer))
             except (BlockingIOError, InterruptedError):
                 continue
+            except PeerLost:
+                raise
             except OSError as exc:
-                raise PeerLost(f"{who_is(inc.peer)} closed its connection ({exc.strerror or exc}){_LOST}") from None
-            if n == 0:
-                raise PeerLost(f"{who_is(inc.peer)} closed its connection "
-                               f"({inc.got_header + inc.got} bytes of the expected frame had arrived){_LOST}")
+                raise PeerLost(f"{who_is(peer)} closed its connection ({exc.strerror or exc}){_LOST}") from None
             progressed = True
-            if inc.got_header == HEADER_SIZE and inc.got == len(inc.payload):
-                incoming.remove(inc)
-        if progressed or not (outgoing or incoming):
+            if done:
+                finished = queue.popleft()
+                if not queue:
+                    del recvs[peer]
+                if finished.on_done is not None:
+                    finished.on_done()
+        if progressed or not (sends or recvs):
             continue
-        masks = {}
-        for out in outgoing:
-            masks[out.peer] = masks.get(out.peer, 0) | select.POLLOUT
-        for inc in incoming:
-            masks[inc.peer] = masks.get(inc.peer, 0) | select.POLLIN
+        masks = {peer: select.POLLIN for peer in recvs}
+        for peer, queue in sends.items():
+            if queue[0].ready:
+                masks[peer] = masks.get(peer, 0) | select.POLLOUT
+        if not masks:
+            raise RuntimeError("transfer: every pending frame waits for a callback that cannot run")
+        fds = {}
         for peer, mask in masks.items():
             fd = socks[peer].fileno()
+            fds[fd] = mask
             if registered.get(fd) != mask:
                 (poller.modify if fd in registered else poller.register)(fd, mask)
                 registered[fd] = mask
-        for fd in [fd for fd in registered if fd not in {socks[p].fileno() for p in masks}]:
+        for fd in [fd for fd in registered if fd not in fds]:
             poller.unregister(fd)
             del registered[fd]
         remaining = deadline - time.monotonic()
         if remaining <= 0:
-            raise on_timeout(sorted({o.peer for o in outgoing} | {i.peer for i in incoming}))
+            raise on_timeout(sorted(set(sends) | set(recvs)))
         poller.poll(min(remaining, 1.0) * 1000)
