@@ -30,6 +30,25 @@ def training_data():
     return inputs, np.sin(inputs[:, :1] * 2).astype(np.float32)
 
 
+def edge_cases():
+    """Two ranks' inputs where a float32/float64 shortcut could differ from the float64 path."""
+    cases = {}
+    for dtype in (np.float32, np.float64):
+        info = np.finfo(dtype)
+        rng = np.random.default_rng(0)
+        plain = np.concatenate([
+            rng.standard_normal(2000),
+            rng.standard_normal(2000) * info.tiny * 4,                        # near the subnormal range
+            rng.standard_normal(200) * info.smallest_subnormal * 7,           # subnormals
+            rng.standard_normal(2000) * 2.0 ** rng.integers(info.minexp - 20, info.maxexp - 2, 2000),
+        ]).astype(dtype)
+        special = np.concatenate([plain, np.full(10, info.max * 0.75, dtype),   # sums overflow, means do not
+                                  np.array([np.inf, -np.inf, np.nan, 0.0, -0.0], dtype)])
+        for name, base in (("plain", plain), ("special", special)):
+            cases[f"{np.dtype(dtype).name}|{name}"] = (base, base[::-1].copy())
+    return cases
+
+
 # -- what each MPI rank runs ---------------------------------------------------------------------
 
 def child(mode, out_dir):
@@ -41,6 +60,11 @@ def child(mode, out_dir):
     if mode == "train":
         weights = shm_workers.spec_worker(group, *training_data(), TRAIN_STEPS)
         arrays = {f"w{i}": w for i, w in enumerate(weights)}
+    elif mode == "edges":
+        for name, (a, b) in edge_cases().items():
+            mine = a if group.rank == 0 else b
+            arrays[f"sum|{name}"] = group.all_reduce_sum(mine)
+            arrays[f"mean|{name}"] = group.all_reduce_mean(mine)
     else:
         result = shm_workers.collectives_battery(group)
         for key in ("sum", "mean", "bcast"):
@@ -115,6 +139,19 @@ def test_spec_training_under_mpiexec_matches_one_process(tmp_path):
     # With two ranks a float64 sum does not depend on the order, so MPI gives the shared-memory bits.
     shm = spawn(shm_workers.spec_worker, 2, args=(inputs, targets, TRAIN_STEPS), timeout=120)
     assert all(a.tobytes() == b.tobytes() for a, b in zip(weights[0], shm[0]))
+
+
+def test_two_rank_shortcuts_give_the_float64_bits(tmp_path):
+    """Two ranks' float sum and mean go through one native Allreduce; the bits must be the float64 path's."""
+    ranks = run_mpi(2, "edges", tmp_path)
+    for name, (a, b) in edge_cases().items():
+        with np.errstate(all="ignore"):
+            total = a.astype(np.float64) + b.astype(np.float64)
+            expected = {"sum": total.astype(a.dtype), "mean": (total / 2).astype(a.dtype)}
+        for op, want in expected.items():
+            for r in ranks:
+                got = r[f"{op}|{name}"]
+                assert got.dtype == a.dtype and got.tobytes() == want.tobytes(), (op, name)
 
 
 @pytest.fixture(scope="module")

@@ -287,6 +287,19 @@ def test_collective_timeout_names_the_missing_rank():
     assert "timed out after 0.5 s waiting for rank(s) 1" in message and "same collectives" in message
 
 
+def test_dtype_without_a_wire_code_is_refused_before_communicating():
+    def body(group):
+        try:
+            group.all_reduce_sum(np.ones(3, np.longdouble))
+        except EveryODistributedError as exc:
+            return str(exc), group.all_reduce_sum(np.ones(2))[0]   # the group still works
+
+    results, errors, _ = run_in_threads(2, body)
+    assert errors == [None, None]
+    for message, after in results:
+        assert "has no code in the TCP wire format" in message and after == 2.0
+
+
 def test_closed_group_refuses_collectives():
     results, errors, _ = run_in_threads(1, lambda g: g)
     with pytest.raises(EveryODistributedError, match="closed group"):

@@ -12,7 +12,9 @@ communicator; ``average_gradients`` and the training loop do not change::
 Everything moves through mpi4py's buffer methods (``Allreduce``, ``Bcast``,
 ``Allgather``) on NumPy arrays -- never the lowercase, pickle-based ones.
 Floats are reduced in float64 (integers in 64-bit integers) and rounded once
-to the input dtype, as in the other backends. The order in which the ranks'
+to the input dtype, as in the other backends (with two ranks, float32 and
+float64 go through one native ``Allreduce``, which provably gives the same
+bits). The order in which the ranks'
 contributions are added is MPI's; MPI implementations give every rank the
 same bits (MPICH and Open MPI do), and with two ranks the float64 sum of two
 values does not depend on the order at all.
@@ -29,7 +31,7 @@ from everyo.distributed.group import CollectiveRecord, ProcessGroup, check_recor
 
 __all__ = ["init_mpi_process_group", "MPIProcessGroup"]
 
-_NATIVE_SUM_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+_NATIVE_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 _INSTALL_HINT = ("everyo.distributed_mpi needs mpi4py and an MPI library. Install them with: "
                  "pip install everyo-distributed[mpi]   (or: pip install mpi4py mpich)")
 
@@ -119,13 +121,21 @@ class MPIProcessGroup(ProcessGroup):
         data = prepare_array(array, op_name)
         self._agree(op_name, data.size, data.dtype.name, -1)
         kind = data.dtype.kind
-        if (op_name == "all_reduce_sum" and self._world_size == 2 and data.dtype in _NATIVE_SUM_DTYPES
-                and data.size):
+        if self._world_size == 2 and data.dtype in _NATIVE_DTYPES and data.size:
             # Two ranks: one IEEE addition in the input dtype gives the same bits as the float64
-            # path (see reduce_in_rank_order: rounding twice is innocuous when 53 >= 2p + 2).
+            # path (rounding twice is innocuous when 53 >= 2p + 2; see reduce_in_rank_order).
             out = np.empty(data.shape, data.dtype)
             self._comm.Allreduce(data.reshape(-1), out.reshape(-1), op=self._MPI.SUM)
-            return out
+            if op_name == "all_reduce_sum":
+                return out
+            # Mean: halve the rounded sum. If the sum was exact, multiplying by 0.5 rounds the exact
+            # half once. If it was rounded, its magnitude is at least 2**-125 (smaller sums of
+            # float32 values are exact), so halving is exact and commutes with the rounding. Only an
+            # overflow to inf differs: then redo it in float64. Every rank holds the same `out`, so
+            # every rank takes the same branch.
+            np.multiply(out, 0.5, out=out)
+            if np.isfinite(out).all():
+                return out
         accumulator = np.float64 if kind == "f" else (np.uint64 if kind == "u" else np.int64)
         total = data.reshape(-1).astype(accumulator)     # a copy: the caller's array is untouched
         if total.size:

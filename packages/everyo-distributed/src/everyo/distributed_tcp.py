@@ -272,6 +272,9 @@ class TCPProcessGroup(ProcessGroup):
         return [p for p in range(self._world_size) if p != self._rank]
 
     def _begin(self, op, size, dtype, root) -> CollectiveRecord:
+        if dtype not in wire.DTYPES:
+            raise EveryODistributedError(f"{op}: dtype {dtype} has no code in the TCP wire format; "
+                                         f"supported: {', '.join(wire.DTYPES[1:])}")
         if self._broken is not None:
             raise EveryODistributedError(
                 f"rank {self._rank}: the group is unusable after an earlier failure: {self._broken}")
