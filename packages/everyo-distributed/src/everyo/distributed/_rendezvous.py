@@ -128,14 +128,13 @@ def _connect_mesh(listener, key, session, rank, addresses, deadline):
     socks = {}
     try:
         for peer in range(rank):
-            sock = _connect(addresses[peer], deadline, f"rank {peer}")
+            socks[peer] = sock = _connect(addresses[peer], deadline, f"rank {peer}")
             pair = _PAIR.pack(rank, peer)
             wire.send_frame(sock, wire.PEER_HELLO, session + pair + wire.mac(key, b"peer", session, pair))
             _, ack = wire.recv_frame(sock, (wire.PEER_ACK,), deadline, f"rank {peer}", "connecting the group",
                                      max_length=32)
             if not wire.macs_equal(ack, wire.mac(key, b"ack", session, pair)):
                 raise wire.ProtocolError(f"rank {peer} failed the token check while connecting the group")
-            socks[peer] = sock
         missing = set(range(rank + 1, len(addresses)))
         while missing:
             remaining = deadline - time.monotonic()
