@@ -8,9 +8,10 @@ rank, and gets a :class:`~everyo.distributed.ProcessGroup` that
     from everyo.distributed_tcp import TCPRendezvousServer, init_tcp_process_group
 
     server = TCPRendezvousServer("0.0.0.0", 29500, world_size=2) if rank == 0 else None
-    group = init_tcp_process_group("node0", 29500, rank, 2)
-    ...   # average_gradients(model.parameters(), group) every step
-    group.close(); server and server.close()
+    with init_tcp_process_group("node0", 29500, rank, 2) as group:
+        ...   # average_gradients(model.parameters(), group) every step
+    if server is not None:
+        server.close()
 
 The server only introduces the workers to each other: each worker opens a
 listening socket, reports it, gets everybody's address back, and the workers
@@ -25,9 +26,10 @@ ranks in rank order 0, 1, 2, ... in float64 (the same
 rounds once to the input dtype and sends the result to everybody. Every rank
 sends and receives ``2 (world_size - 1) / world_size`` of the array, which is
 what a ring moves, and every element is computed once, so all ranks hold the
-same bits -- the same bits the shared-memory group gives. Small arrays skip the
-split: everybody sends everything to everybody and reduces locally (one round
-trip instead of two).
+same bits -- the same bits the shared-memory group gives. Large blocks travel
+in 4 MiB segments, each reduced as soon as it has arrived from every rank, so
+the reduction overlaps the transfers. Small arrays skip the split: everybody
+sends everything to everybody and reduces locally (one round trip, not two).
 
 Security: the wire format carries raw array bytes behind a fixed header and is
 never unpickled; every length is bounded; with a shared ``token`` (or
