@@ -245,6 +245,26 @@ def test_peer_disconnecting_mid_collective():
     assert seconds < 10   # well before the 30 s timeout
 
 
+def test_garbage_from_a_peer_mid_collective_is_a_protocol_error():
+    def body(group):
+        if group.rank == 1:
+            sock = group._socks[0]
+            sock.setblocking(True)
+            sock.sendall(b"\x00garbage" * 10)
+            time.sleep(0.3)
+            group.close()
+            return None
+        try:
+            group.all_reduce_sum(np.ones(10))
+        except EveryODistributedError as exc:
+            return exc
+
+    results, errors, _ = run_in_threads(2, body)
+    assert errors == [None, None]
+    assert isinstance(results[0], wire.ProtocolError)
+    assert "rank 1 sent bytes that are not the everyo protocol" in str(results[0])
+
+
 def test_failed_group_is_unusable_and_peers_fail_fast():
     def body(group):
         if group.rank == 1:
