@@ -80,3 +80,21 @@ def test_unsupported_values_are_refused_before_writing(tmp_path):
     with pytest.raises(eo.EveryOSerializationError, match="non-string key"):
         eo.save({1: np.ones(1)}, tmp_path / "x.npz")
     assert not (tmp_path / "x.npz").exists()
+
+
+@pytest.mark.parametrize("failing", ["fsync", "replace"])
+def test_a_failure_while_writing_keeps_the_old_checkpoint(failing, tmp_path, monkeypatch):
+    import everyo.io
+
+    path = tmp_path / "c.npz"
+    eo.save({"v": np.zeros(2)}, path)
+    before = path.read_bytes()
+
+    def boom(*args):
+        raise OSError(f"simulated failure in os.{failing}")
+
+    monkeypatch.setattr(everyo.io.os, failing, boom)
+    with pytest.raises(OSError, match="simulated"):
+        eo.save({"v": np.ones(2)}, path)
+    monkeypatch.undo()
+    assert path.read_bytes() == before and os.listdir(tmp_path) == ["c.npz"]

@@ -152,12 +152,12 @@ def test_layer_norm_needs_opset_17(tmp_path):
 
 @pytest.mark.parametrize("failing", ["os.fsync", "os.replace"])
 def test_failure_while_writing_leaves_no_file(failing, tmp_path, monkeypatch):
-    import everyo.onnx.export as export
+    import everyo.io  # the exporter writes through core's one atomic writer
 
     def boom(*args):
         raise OSError(f"simulated failure in {failing}")
 
-    monkeypatch.setattr(export.os, failing.split(".")[1], boom)
+    monkeypatch.setattr(everyo.io.os, failing.split(".")[1], boom)
     path = tmp_path / "m.onnx"
     with pytest.raises(OSError, match="simulated"):
         eo.export_onnx(eo.Sequential(eo.Linear(4, 2, seed=0)), path, input_shape=(1, 4))

@@ -69,19 +69,21 @@ def _decode(node, arrays):
     raise ValueError(f"unknown node type {kind!r}")
 
 
-def save(state, path):
-    """Save ``state`` (e.g. ``{'model': model.state_dict(), 'optimizer': opt.state_dict()}``) atomically."""
+def atomic_write(path, write):
+    """Call ``write(file)`` on a temporary file beside ``path``, flush it to disk,
+    then rename it over ``path``: readers see the old file or the complete new
+    one, never a partial one, and a failure leaves no temporary behind.
+
+    Shared by checkpoints and the ONNX exporter.
+    """
     path = os.fspath(path)
-    arrays = []
-    tree = _encode(state, arrays, "state")
-    manifest = json.dumps({"format": _MAGIC, "version": _VERSION, "tree": tree})
-    payload = {f"a{i}": a for i, a in enumerate(arrays)}
-    payload[_MANIFEST] = np.frombuffer(manifest.encode("utf-8"), dtype=np.uint8)
     folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".everyo-", suffix=".tmp", dir=folder)
+    if not os.path.isdir(folder):
+        raise FileNotFoundError(f"cannot write {path!r}: folder {folder!r} does not exist")
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix="." + os.path.basename(path) + ".", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
-            np.savez(f, **payload)
+            write(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -91,6 +93,17 @@ def save(state, path):
         except FileNotFoundError:
             pass
         raise
+
+
+def save(state, path):
+    """Save ``state`` (e.g. ``{'model': model.state_dict(), 'optimizer': opt.state_dict()}``) atomically."""
+    path = os.fspath(path)
+    arrays = []
+    tree = _encode(state, arrays, "state")
+    manifest = json.dumps({"format": _MAGIC, "version": _VERSION, "tree": tree})
+    payload = {f"a{i}": a for i, a in enumerate(arrays)}
+    payload[_MANIFEST] = np.frombuffer(manifest.encode("utf-8"), dtype=np.uint8)
+    atomic_write(path, lambda f: np.savez(f, **payload))
 
 
 def load(path):

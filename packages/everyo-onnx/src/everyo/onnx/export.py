@@ -1,10 +1,9 @@
 """export_onnx: an EveryO model to an ONNX file, layer by layer."""
 import operator
-import os
-import tempfile
 
 import everyo
 from everyo.errors import EveryOSerializationError
+from everyo.io import atomic_write
 from everyo.nn import Module
 
 from everyo.onnx.converters import CONVERTERS
@@ -109,28 +108,6 @@ def build_model(model, *, input_shape, output_name="output", input_name="input",
     return proto
 
 
-def _write_atomically(data, path):
-    """Write to a temporary file beside ``path``, then rename it into place:
-    readers see the old file or the complete new one, never a partial one."""
-    path = os.fspath(path)
-    folder = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(folder):
-        raise FileNotFoundError(f"cannot write {path!r}: folder {folder!r} does not exist")
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix="." + os.path.basename(path) + ".", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-
-
 def export_onnx(model, path, *, input_shape, output_name="output", input_name="input", opset=None):
     """Export ``model`` to an ONNX file at ``path``.
 
@@ -153,5 +130,6 @@ def export_onnx(model, path, *, input_shape, output_name="output", input_name="i
         >>> eo.run_onnx("model.onnx", batch)
     """
     proto = build_model(model, input_shape=input_shape, output_name=output_name, input_name=input_name, opset=opset)
-    _write_atomically(proto.SerializeToString(), path)
+    data = proto.SerializeToString()
+    atomic_write(path, lambda f: f.write(data))
     return path
