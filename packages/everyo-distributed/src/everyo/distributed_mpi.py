@@ -79,23 +79,9 @@ class MPIProcessGroup(ProcessGroup):
         self._records = np.empty((self._world_size, CollectiveRecord.PACKED_SIZE), np.uint8)
 
     @property
-    def rank(self) -> int:
-        return self._rank
-
-    @property
-    def world_size(self) -> int:
-        return self._world_size
-
-    @property
     def comm(self):
         """The group's own (duplicated) communicator."""
         return self._comm
-
-    def all_reduce_sum(self, array) -> np.ndarray:
-        return self._all_reduce(array, "all_reduce_sum")
-
-    def all_reduce_mean(self, array) -> np.ndarray:
-        return self._all_reduce(array, "all_reduce_mean")
 
     def barrier(self) -> None:
         self._agree("barrier", 0, "none", -1)   # an Allgather completes only once every rank joined
@@ -117,7 +103,7 @@ class MPIProcessGroup(ProcessGroup):
         if comm is not None and not self._MPI.Is_finalized():
             comm.Free()
 
-    def _all_reduce(self, array, op_name):
+    def _all_reduce(self, array, op_name, op):
         data = prepare_array(array, op_name)
         self._agree(op_name, data.size, data.dtype.name, -1)
         kind = data.dtype.kind

@@ -132,20 +132,6 @@ class TCPProcessGroup(ProcessGroup):
         self._scratch = {}     # peer -> reusable receive buffer (uint8), grown as needed
         self._last_out = None  # the last large result, reused once the caller drops it
 
-    @property
-    def rank(self) -> int:
-        return self._rank
-
-    @property
-    def world_size(self) -> int:
-        return self._world_size
-
-    def all_reduce_sum(self, array) -> np.ndarray:
-        return self._all_reduce(array, "all_reduce_sum", "sum")
-
-    def all_reduce_mean(self, array) -> np.ndarray:
-        return self._all_reduce(array, "all_reduce_mean", "mean")
-
     def barrier(self) -> None:
         record = self._begin("barrier", 0, "none", -1)
         peers = self._peers()

@@ -208,23 +208,31 @@ class ProcessGroup(abc.ABC):
     bit for bit on every rank. Use as a context manager to ``close()``.
     """
 
+    # Backends set these two in __init__.
+    _rank: int
+    _world_size: int
+
     @property
-    @abc.abstractmethod
     def rank(self) -> int:
         """This process's index, ``0 <= rank < world_size``."""
+        return self._rank
 
     @property
-    @abc.abstractmethod
     def world_size(self) -> int:
         """How many processes are in the group."""
+        return self._world_size
 
-    @abc.abstractmethod
     def all_reduce_sum(self, array) -> np.ndarray:
         """Element-wise sum over ranks (float64 accumulation, ranks in order), in the input dtype."""
+        return self._all_reduce(array, "all_reduce_sum", "sum")
 
-    @abc.abstractmethod
     def all_reduce_mean(self, array) -> np.ndarray:
         """Element-wise mean over ranks, computed in float64 and rounded once to the input dtype."""
+        return self._all_reduce(array, "all_reduce_mean", "mean")
+
+    @abc.abstractmethod
+    def _all_reduce(self, array, op_name: str, op: str) -> np.ndarray:
+        """The backend's all-reduce: ``op_name`` is the public method, ``op`` one of REDUCE_OPS."""
 
     @abc.abstractmethod
     def barrier(self) -> None:

@@ -77,21 +77,7 @@ class SharedMemoryGroup(ProcessGroup):
         self._seq = 0
         self._broken = None        # message once a collective failed on this rank
 
-    @property
-    def rank(self) -> int:
-        return self._rank
-
-    @property
-    def world_size(self) -> int:
-        return self._world_size
-
     # -- public collectives ---------------------------------------------------------
-    def all_reduce_sum(self, array) -> np.ndarray:
-        return self._all_reduce(array, "all_reduce_sum", "sum")
-
-    def all_reduce_mean(self, array) -> np.ndarray:
-        return self._all_reduce(array, "all_reduce_mean", "mean")
-
     def barrier(self) -> None:
         record = self._begin("barrier", 0, "none", -1)
         self._guarded(self._barrier_body, record)
