@@ -150,6 +150,21 @@ def build_spec_model():
                          eo.Linear(32, 1, seed=2))
 
 
+def one_process(inputs, targets, steps):
+    """The baseline every distributed path is compared with: the same training in one process."""
+    import everyo as eo
+
+    model = build_spec_model()
+    optimizer = eo.SGD(model.parameters(), lr=0.05)
+    xs, ys = eo.tensor(inputs), eo.tensor(targets)
+    for _ in range(steps):
+        optimizer.zero_grad()
+        residual = model(xs) - ys
+        eo.mean(residual * residual).backward()
+        optimizer.step()
+    return [p.data for p in model.parameters()]
+
+
 def spec_worker(group, inputs, targets, steps):
     """The spec's worker example, as written there (smaller model and data for speed)."""
     import everyo as eo

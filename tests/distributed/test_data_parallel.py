@@ -13,15 +13,7 @@ STEPS = 15
 
 
 def one_process(inputs, targets, steps=STEPS):
-    model = shm_workers.build_spec_model()
-    optimizer = eo.SGD(model.parameters(), lr=0.05)
-    xs, ys = eo.tensor(inputs), eo.tensor(targets)
-    for _ in range(steps):
-        optimizer.zero_grad()
-        residual = model(xs) - ys
-        eo.mean(residual * residual).backward()
-        optimizer.step()
-    return [p.data for p in model.parameters()]
+    return shm_workers.one_process(inputs, targets, steps)
 
 
 @pytest.fixture(scope="module")

@@ -204,18 +204,7 @@ def tcp_spec_worker(shm_group, inputs, targets, steps):
             server.close()
 
 
-def one_process(inputs, targets, steps):
-    import everyo as eo
-
-    model = shm_workers.build_spec_model()
-    optimizer = eo.SGD(model.parameters(), lr=0.05)
-    xs, ys = eo.tensor(inputs), eo.tensor(targets)
-    for _ in range(steps):
-        optimizer.zero_grad()
-        residual = model(xs) - ys
-        eo.mean(residual * residual).backward()
-        optimizer.step()
-    return [p.data for p in model.parameters()]
+one_process = shm_workers.one_process
 
 
 def test_spec_training_through_tcp_matches_one_process_and_shared_memory(recwarn):
