@@ -208,3 +208,9 @@ def test_losses_run_in_float32_even_on_float16_inputs(loss):
     assert out.dtype == "float32"
     out.backward()
     assert z.grad.dtype == np.float16 and np.all(np.isfinite(z.grad))
+
+
+def test_max_pool_gives_a_tied_window_gradient_to_its_first_maximum_only():
+    x = eo.tensor(np.array([[1.0, 3.0], [3.0, 0.0]]).reshape(1, 2, 2, 1), requires_grad=True)
+    eo.max_pool2d(x, 2).sum().backward()
+    np.testing.assert_array_equal(x.grad.reshape(2, 2), [[0.0, 1.0], [0.0, 0.0]])

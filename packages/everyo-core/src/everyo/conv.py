@@ -5,7 +5,7 @@ backward scatters columns back with a loop over kernel offsets (kh * kw
 iterations), never over pixels.
 """
 import numpy as np
-from numpy.lib.stride_tricks import sliding_window_view
+from numpy.lib.stride_tricks import as_strided
 
 from everyo import dispatch
 from everyo.dispatch import LOW_PRECISION
@@ -17,16 +17,39 @@ __all__ = ["conv2d", "max_pool2d", "avg_pool2d"]
 
 
 def _pad(x, pads, value=0.0):
+    # A filled array and one slice assignment: np.pad's generality costs
+    # ~50 us a call, which dominates small (batch-1) inference.
     (t, b), (l, r) = pads
     if t == b == l == r == 0:
         return x
-    return np.pad(x, ((0, 0), (t, b), (l, r), (0, 0)), constant_values=value)
+    n, h, w, c = x.shape
+    out = np.full((n, h + t + b, w + l + r, c), value, dtype=x.dtype)
+    out[:, t : t + h, l : l + w, :] = x
+    return out
 
 
 def _windows(xp, kernel, stride, out_hw):
-    """View of shape (N, OH, OW, C, kh, kw) over the padded input."""
-    win = sliding_window_view(xp, kernel, axis=(1, 2))
-    return win[:, : (out_hw[0] - 1) * stride[0] + 1 : stride[0], : (out_hw[1] - 1) * stride[1] + 1 : stride[1]]
+    """Read-only view of shape (N, OH, OW, C, kh, kw) over the padded input.
+
+    The same view as ``sliding_window_view(xp, kernel, axis=(1, 2))[:, ::sh, ::sw]``,
+    built directly from strides (sliding_window_view's argument handling costs
+    tens of microseconds per call).
+    """
+    sn, sh, sw, sc = xp.strides
+    shape = (xp.shape[0], out_hw[0], out_hw[1], xp.shape[3], kernel[0], kernel[1])
+    strides = (sn, sh * stride[0], sw * stride[1], sc, sh, sw)
+    return as_strided(xp, shape, strides, writeable=False)
+
+
+def _window_reduce(win, ufunc):
+    """Reduce the (kh, kw) window axes with a binary ufunc, one kernel offset
+    at a time: far faster than a NumPy reduction over two tiny trailing axes."""
+    out = win[..., 0, 0].copy()
+    for i in range(win.shape[-2]):
+        for j in range(win.shape[-1]):
+            if i or j:
+                ufunc(out, win[..., i, j], out=out)
+    return out
 
 
 def _scatter_windows(grad_win, padded_shape, kernel, stride, out_hw, dtype):
@@ -144,14 +167,19 @@ def max_pool2d(x, pool_size=2, stride=None, padding="valid"):
     kernel, stride, pads, (oh, ow) = _geometry(xd, pool_size, stride, padding)
     xp = _pad(xd, pads, value=-np.inf)
     win = _windows(xp, kernel, stride, (oh, ow))
-    flat = win.reshape(win.shape[:4] + (-1,))
-    arg = flat.argmax(axis=-1)
-    out = np.take_along_axis(flat, arg[..., None], axis=-1)[..., 0]
+    out = _window_reduce(win, np.maximum)
 
     def backward(g):
+        # The first position (row-major within the window) holding the maximum
+        # takes the gradient, like an argmax would.
         grad_win = np.zeros(win.shape, dtype=g.dtype)
-        grad_flat = grad_win.reshape(flat.shape)
-        np.put_along_axis(grad_flat, arg[..., None], g[..., None], axis=-1)
+        taken = np.zeros(out.shape, dtype=bool)
+        for i in range(kernel[0]):
+            for j in range(kernel[1]):
+                hit = win[..., i, j] == out
+                hit &= ~taken
+                taken |= hit
+                np.multiply(g, hit, out=grad_win[..., i, j])
         return (_crop(_scatter_windows(grad_win, xp.shape, kernel, stride, (oh, ow), g.dtype), pads),)
 
     return Tensor._from_op(out, (x,), backward)
@@ -165,9 +193,9 @@ def avg_pool2d(x, pool_size=2, stride=None, padding="valid"):
     stride = pool_size if stride is None else stride
     kernel, stride, pads, (oh, ow) = _geometry(xd, pool_size, stride, padding)
     xp = _pad(xd, pads)
-    total = _windows(xp, kernel, stride, (oh, ow)).sum(axis=(-2, -1))
+    total = _window_reduce(_windows(xp, kernel, stride, (oh, ow)), np.add)
     ones = _pad(np.ones((1,) + xd.shape[1:3] + (1,), dtype=xd.dtype), pads)
-    count = _windows(ones, kernel, stride, (oh, ow)).sum(axis=(-2, -1))  # (1, OH, OW, 1)
+    count = _window_reduce(_windows(ones, kernel, stride, (oh, ow)), np.add)  # (1, OH, OW, 1)
     out = total / count
 
     def backward(g):
