@@ -158,6 +158,14 @@ def reduce_in_rank_order(slots: Sequence[np.ndarray], op: str, out: Optional[np.
       rounding innocuous?", 1995): p = 11 (float16), 24 (float32); float64
       adds in float64 anyway. NumPy's float16 add rounds through float32
       (24 >= 2 * 11 + 2), which is innocuous too.
+    * two ranks, mean of float32/float64: ``(a + b) * 0.5`` in the input
+      dtype. If ``a + b`` is exact, the product rounds the exact half once. If
+      it was rounded, ``|a + b| >= 2**(e_min + 1)`` (smaller sums are exact
+      multiples of the smallest subnormal), so its half is
+      normal and halving is exact and commutes with the rounding. The float64
+      path rounds ``(a + b) / 2`` twice, which is innocuous as above. Only an
+      overflow to inf (or inf/NaN inputs) can differ: then the whole array is
+      recomputed in float64. Not used when ``out`` overlaps an input.
     * mean over a power-of-two number of ranks: multiply by ``1 / world_size``
       instead of dividing; both are the correctly rounded value of the same
       real number.
@@ -177,6 +185,13 @@ def reduce_in_rank_order(slots: Sequence[np.ndarray], op: str, out: Optional[np.
     if first.dtype.kind == "f" and world == 2 and op == "sum":
         np.add(flats[0], flats[1], out=flat_out)
         return out
+    if (first.dtype.kind == "f" and first.dtype.itemsize >= 4 and world == 2 and op == "mean"
+            and not any(np.may_share_memory(flat_out, f) for f in flats)):
+        np.add(flats[0], flats[1], out=flat_out)
+        np.multiply(flat_out, 0.5, out=flat_out)
+        if np.isfinite(flat_out).all():
+            return out
+        # an overflow, or inf/NaN inputs: recompute everything below in float64
     if first.dtype.kind == "f":
         acc_dtype = np.float64
     else:
