@@ -377,12 +377,23 @@ def _relu_half(a):
     return Tensor._from_op(out, (a,), backward)
 
 
-def softmax(a, axis=-1):
-    """Numerically stable softmax (the row maximum is subtracted first)."""
+def softmax(a, axis=-1, blocked=None):
+    """Numerically stable softmax (the maximum is subtracted first).
+
+    ``blocked`` (optional) is a boolean array broadcastable to ``a``: those
+    entries are ignored, like entries equal to ``-inf``. A slice with every
+    entry ignored gives all zeros (and a zero gradient), never NaN, which is
+    what masked attention needs: attention over nothing attends to nothing.
+    """
     (a,) = dispatch.apply(FLOAT32, _t(a))
-    shifted = a.data - a.data.max(axis=axis, keepdims=True)
-    e = np.exp(shifted)
-    out = e / e.sum(axis=axis, keepdims=True)
+    data = a.data if blocked is None else np.where(blocked, -np.inf, a.data)
+    peak = data.max(axis=axis, keepdims=True)
+    # Shifting a fully ignored slice by 0 (not by -inf) keeps exp() at 0
+    # instead of producing exp(-inf - -inf) = NaN.
+    peak = np.where(np.isfinite(peak), peak, 0).astype(data.dtype, copy=False)
+    e = np.exp(data - peak)
+    total = e.sum(axis=axis, keepdims=True)
+    out = e / np.where(total > 0, total, 1).astype(data.dtype, copy=False)
 
     def backward(g):
         return (out * (g - (g * out).sum(axis=axis, keepdims=True)),)

@@ -1,18 +1,16 @@
 """Primitive ops the sequence layers need and core's elementwise ops cannot give
-cheaply: several outputs from one op, a split, an embedding gather and a
-masked softmax.
+cheaply: several outputs from one op, a split and an embedding gather.
+(Masked softmax is core's ``softmax(x, blocked=...)``.)
 
 Each is one autograd node with a hand-written backward, gradient-checked in
 ``tests/core/test_sequence_ops.py``.
 """
 import numpy as np
 
-from everyo import dispatch
-from everyo.dispatch import FLOAT32
 from everyo.errors import EveryODTypeError, EveryOIndexError, EveryOShapeError
 from everyo.tensor import Tensor
 
-__all__ = ["multi_output", "split", "embedding", "masked_softmax", "EveryOIndexError"]
+__all__ = ["multi_output", "split", "embedding", "EveryOIndexError"]
 
 
 def multi_output(datas, parents, backward):
@@ -109,29 +107,3 @@ def embedding(indices, weight, padding_idx=None):
         return (grad,)
 
     return Tensor._from_op(out, (weight,), backward)
-
-
-def masked_softmax(x, blocked=None, axis=-1):
-    """Softmax along ``axis`` that ignores the entries where ``blocked`` is True.
-
-    ``blocked`` is a boolean array broadcastable to ``x`` (or ``None``);
-    entries of ``x`` equal to ``-inf`` are ignored too. A row with every entry
-    ignored gives all zeros (and zero gradient), never NaN: attention over
-    nothing attends to nothing. Runs in float32 under autocast, like softmax.
-    """
-    (x,) = dispatch.apply(FLOAT32, x)
-    data = x.data
-    if blocked is not None:
-        data = np.where(blocked, -np.inf, data)
-    peak = data.max(axis=axis, keepdims=True)
-    # A fully ignored row has peak -inf; shifting by 0 there keeps exp() at 0
-    # instead of producing exp(-inf - -inf) = NaN.
-    peak = np.where(np.isfinite(peak), peak, 0).astype(data.dtype, copy=False)
-    e = np.exp(data - peak)
-    total = e.sum(axis=axis, keepdims=True)
-    out = e / np.where(total > 0, total, 1).astype(data.dtype, copy=False)
-
-    def backward(g):
-        return (out * (g - (g * out).sum(axis=axis, keepdims=True)),)
-
-    return Tensor._from_op(out, (x,), backward)

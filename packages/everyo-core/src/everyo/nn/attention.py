@@ -7,7 +7,7 @@ from everyo import functional as F
 from everyo.errors import EveryODTypeError, EveryOShapeError
 from everyo.nn.linear import Linear
 from everyo.nn.module import Module, as_input
-from everyo.sequence_ops import masked_softmax, split
+from everyo.sequence_ops import split
 from everyo.tensor import Parameter, Tensor
 
 __all__ = ["MultiHeadAttention", "causal_mask"]
@@ -162,7 +162,7 @@ class MultiHeadAttention(Module):
         if is_causal:
             causal = causal_mask(lq, lk)
             blocked = causal if blocked is None else blocked | causal
-        weights = masked_softmax(scores, blocked, axis=-1)
+        weights = F.softmax(scores, axis=-1, blocked=blocked)
         attended = F.dropout(weights, self.dropout, self.training, self._rng) if self.dropout else weights
         context = F.matmul(attended, v)  # (batch, heads, lq, head_dim)
         merged = F.reshape(F.transpose(context, (0, 2, 1, 3)), (batch, lq, self.embed_dim))
