@@ -27,7 +27,6 @@ elements. They are printed beside the figures, not asserted.
 import argparse
 import json
 import os
-import shutil
 import statistics
 import subprocess
 import sys
@@ -94,9 +93,15 @@ def mpi_worker(sizes, everyo_group=False):
         print(json.dumps(out))
 
 
-def find_mpiexec():
-    beside = Path(sys.executable).parent / "mpiexec"
-    return str(beside) if beside.exists() else shutil.which("mpiexec")
+def mpiexec_if_available():
+    """The MPI launcher, or None when mpi4py (the anchor's Allreduce) is not installed."""
+    try:
+        import mpi4py  # noqa: F401
+    except ImportError:
+        return None
+    from everyo.distributed_mpi import find_mpiexec
+
+    return find_mpiexec()
 
 
 def mpi_round(mpiexec, sizes, everyo_group=False):
@@ -125,13 +130,7 @@ def fmt_time(seconds):
 def allreduce_table(rounds, sizes):
     from everyo.distributed import spawn
 
-    mpiexec = None
-    try:
-        import mpi4py  # noqa: F401
-
-        mpiexec = find_mpiexec()
-    except ImportError:
-        pass
+    mpiexec = mpiexec_if_available()
     if mpiexec is None:
         print("note: mpi4py or mpiexec not found; the MPI anchor is skipped\n")
     runs = {"shm": [], "mpi": [], "copyto": []}
@@ -231,13 +230,7 @@ def backends_table(rounds, sizes):
         have_torch = True
     except ImportError:
         have_torch = False
-    mpiexec = None
-    try:
-        import mpi4py  # noqa: F401
-
-        mpiexec = find_mpiexec()
-    except ImportError:
-        pass
+    mpiexec = mpiexec_if_available()
     runs = {"tcp": [], "mpi": []}
     for r in range(rounds):
         runs["tcp"].append(spawn(tcp_worker, 2, args=(sizes, have_torch))[0])

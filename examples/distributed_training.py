@@ -18,7 +18,6 @@ ranks disagree; timings are printed, never checked.
 """
 import argparse
 import os
-import shutil
 import statistics
 import subprocess
 import sys
@@ -110,16 +109,15 @@ def launch_tcp(worker_fn, world_size, args):
     return spawn(tcp_worker, world_size, args=(worker_fn, args))
 
 
-def find_mpiexec():
-    beside = os.path.join(os.path.dirname(sys.executable), "mpiexec")
-    return beside if os.path.exists(beside) else shutil.which("mpiexec")
-
-
 def launch_mpi(worker_fn, world_size, args):
     """``mpiexec -n world_size`` runs this script with --mpi-child; each rank saves its results (.npz, no pickle)."""
     from everyo.distributed import worker_thread_env
-    from everyo.distributed_mpi import init_mpi_process_group  # noqa: F401 - ImportError with the pip hint
+    from everyo.distributed_mpi import find_mpiexec
 
+    try:
+        import mpi4py  # noqa: F401  (the ranks need it; fail here, before mpiexec starts them)
+    except ImportError:
+        raise SystemExit("--backend mpi needs mpi4py: pip install everyo-distributed[mpi]") from None
     assert worker_fn is worker, "the MPI launcher re-runs this script's own worker"
     mpiexec = find_mpiexec()
     if mpiexec is None:
@@ -197,7 +195,8 @@ def main(argv=None):
         rows = "/".join(sorted({str(r[2]) for r in results}, key=int))
         print(f"{world_size:>8} {rows:>13} {seconds:>10.2f} {drift:>12.2e} {str(agree):>13}")
         seconds_by_workers[world_size] = seconds
-        notes.append(f"{world_size} workers: spawn took {wall:.2f} s in all "
+        launcher = "mpiexec" if args.backend == "mpi" else "spawn"
+        notes.append(f"{world_size} workers: {launcher} took {wall:.2f} s in all "
                      f"(process start and imports, then {args.repeats} timed runs)")
         ok &= agree and drift < DRIFT_LIMIT
     print()

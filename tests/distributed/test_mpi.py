@@ -6,7 +6,6 @@ back and compare. Skipped, with the reason, only when mpi4py is not installed.
 """
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -20,6 +19,8 @@ sys.path.insert(0, str(HERE))
 
 import shm_workers  # noqa: E402
 from shm_workers import DTYPES, SIZES, rank_data  # noqa: E402
+
+from everyo.distributed_mpi import find_mpiexec  # noqa: E402
 
 TRAIN_STEPS = 15
 
@@ -85,14 +86,9 @@ def child(mode, out_dir):
 
 # -- the tests ----------------------------------------------------------------------------------
 
-def mpiexec_path():
-    beside = Path(sys.executable).parent / "mpiexec"
-    return str(beside) if beside.exists() else shutil.which("mpiexec")
-
-
 def run_mpi(world_size, mode, tmp_path):
     pytest.importorskip("mpi4py", reason="mpi4py is not installed: pip install everyo-distributed[mpi]")
-    mpiexec = mpiexec_path()
+    mpiexec = find_mpiexec()
     assert mpiexec, "mpi4py is installed but no mpiexec was found on PATH or beside the Python executable"
     env = {**os.environ, "OMP_NUM_THREADS": "1",
            "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}

@@ -24,12 +24,16 @@ the mpich wheel).
 """
 from __future__ import annotations
 
+import os
+import shutil
+import sys
+
 import numpy as np
 
 from everyo.errors import EveryODistributedError
 from everyo.distributed.group import CollectiveRecord, ProcessGroup, check_records, prepare_array
 
-__all__ = ["init_mpi_process_group", "MPIProcessGroup"]
+__all__ = ["init_mpi_process_group", "MPIProcessGroup", "find_mpiexec"]
 
 _NATIVE_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 _INSTALL_HINT = ("everyo.distributed_mpi needs mpi4py and an MPI library. Install them with: "
@@ -42,6 +46,16 @@ def _mpi():
     except ImportError as exc:
         raise ImportError(_INSTALL_HINT) from exc
     return MPI
+
+
+def find_mpiexec():
+    """Path of the ``mpiexec`` to launch with, or ``None``.
+
+    The one beside the running Python comes first: the mpich wheel installs its
+    launcher into the virtual environment's ``bin``, which need not be on PATH.
+    """
+    beside = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    return beside if os.path.exists(beside) else shutil.which("mpiexec")
 
 
 def init_mpi_process_group(comm=None) -> "MPIProcessGroup":
