@@ -22,6 +22,18 @@ def rank_data(rank, dtype, size):
     return rng.integers(0, 100, size).astype(dtype)
 
 
+def rank_order_reference(dtype, size, mean, world):
+    """What every backend must return for ``rank_data``: float64 accumulation in
+    rank order, rounded once (integers: exact 64-bit sums), written plainly."""
+    inputs = [rank_data(r, dtype, size) for r in range(world)]
+    if np.dtype(dtype).kind == "f":
+        acc = inputs[0].astype(np.float64)
+        for x in inputs[1:]:
+            acc = acc + x.astype(np.float64)
+        return (acc / world if mean else acc).astype(dtype)
+    return np.sum(np.stack(inputs).astype(np.int64), axis=0).astype(dtype)
+
+
 def collectives_battery(group):
     """Every collective on every dtype and size; returns everything for the parent to check."""
     out = {"rank": group.rank, "world_size": group.world_size, "sum": {}, "mean": {}, "bcast": {}}

@@ -155,14 +155,6 @@ def battery(tmp_path_factory):
     return run_mpi(3, "battery", tmp_path_factory.mktemp("mpi_battery"))
 
 
-def rank_order_reference(dtype, size, mean, world=3):
-    inputs = [rank_data(r, dtype, size) for r in range(world)]
-    if np.dtype(dtype).kind == "f":
-        acc = sum(x.astype(np.float64) for x in inputs)
-        return (acc / world if mean else acc).astype(dtype)
-    return np.sum(np.stack(inputs).astype(np.int64), axis=0).astype(dtype)
-
-
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_collectives_under_mpiexec_match_numpy(battery, dtype):
     for size in SIZES:
@@ -170,7 +162,7 @@ def test_collectives_under_mpiexec_match_numpy(battery, dtype):
             name = f"{key}|{dtype}|{size}"
             if name not in battery[0]:
                 continue
-            expected = rank_order_reference(dtype, size, mean)
+            expected = shm_workers.rank_order_reference(dtype, size, mean, 3)
             for r in battery:
                 assert r[name].dtype == np.dtype(dtype) and r[name].shape == (size,)
                 if np.dtype(dtype).kind == "f":

@@ -24,16 +24,7 @@ def battery():
 
 
 def reference(dtype, size, mean):
-    """float64 accumulation in rank order, rounded once: the spec's reduction, written plainly."""
-    inputs = [rank_data(r, dtype, size) for r in range(WORLD)]
-    if np.dtype(dtype).kind == "f":
-        acc = inputs[0].astype(np.float64)
-        for x in inputs[1:]:
-            acc = acc + x.astype(np.float64)
-        if mean:
-            acc = acc / WORLD
-        return acc.astype(dtype)
-    return np.sum(np.stack(inputs).astype(np.int64), axis=0).astype(dtype)
+    return shm_workers.rank_order_reference(dtype, size, mean, WORLD)
 
 
 def test_results_come_back_by_rank(battery):

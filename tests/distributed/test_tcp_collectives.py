@@ -50,14 +50,7 @@ def run_in_threads(world_size, body, *, timeout=20.0, tokens=None, server_token=
 
 
 def reference(dtype, size, mean, world=WORLD):
-    """float64 accumulation in rank order, rounded once (integers: exact 64-bit sums)."""
-    inputs = [rank_data(r, dtype, size) for r in range(world)]
-    if np.dtype(dtype).kind == "f":
-        acc = inputs[0].astype(np.float64)
-        for x in inputs[1:]:
-            acc = acc + x.astype(np.float64)
-        return (acc / world if mean else acc).astype(dtype)
-    return np.sum(np.stack(inputs).astype(np.int64), axis=0).astype(dtype)
+    return shm_workers.rank_order_reference(dtype, size, mean, world)
 
 
 @pytest.fixture(scope="module")
@@ -155,19 +148,9 @@ def test_streamed_segments_match_numpy(monkeypatch, world):
     results, errors, _ = run_in_threads(world, body)
     assert errors == [None] * world, errors
     for (dtype, n, op), got in results[0].items():
-        expected = reference_for(dtype, n, op == "all_reduce_mean", world)
+        expected = reference(dtype, n, op == "all_reduce_mean", world)
         assert got.tobytes() == expected.tobytes(), (dtype, n, op)
         assert all(r[dtype, n, op].tobytes() == got.tobytes() for r in results)
-
-
-def reference_for(dtype, size, mean, world):
-    inputs = [rank_data(r, dtype, size) for r in range(world)]
-    if np.dtype(dtype).kind == "f":
-        acc = inputs[0].astype(np.float64)
-        for x in inputs[1:]:
-            acc = acc + x.astype(np.float64)
-        return (acc / world if mean else acc).astype(dtype)
-    return np.sum(np.stack(inputs).astype(np.int64), axis=0).astype(dtype)
 
 
 def test_large_results_are_recycled_only_once_dropped():
