@@ -15,7 +15,6 @@ OS (at most ``_TRIM`` bytes are kept), and is skipped when
 ``EVERYO_MALLOC_TUNING=0`` or when the C library is not glibc.
 """
 import ctypes
-import ctypes.util
 import os
 import sys
 
@@ -33,8 +32,9 @@ def tune():
     if tuned or os.environ.get("EVERYO_MALLOC_TUNING", "1") == "0" or not sys.platform.startswith("linux"):
         return tuned
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        mallopt = libc.mallopt
+        # The running process's own symbols: no ctypes.util.find_library,
+        # which starts an ldconfig subprocess (milliseconds at import time).
+        mallopt = ctypes.CDLL(None).mallopt
     except (OSError, AttributeError):  # musl or another libc: nothing to tune
         return False
     mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
