@@ -19,8 +19,6 @@ __all__ = [
     "dropout",
 ]
 
-_sum, _max, _min, _abs, _pow = sum, max, min, abs, pow  # builtins, before shadowing
-
 
 def _t(x, like=None):
     """Wrap a non-Tensor operand as a constant (Python scalars stay weakly typed)."""
@@ -29,6 +27,12 @@ def _t(x, like=None):
     if isinstance(x, (int, float, bool)) and like is not None:
         return Tensor(np.asarray(x, dtype=like.data.dtype))
     return Tensor(x)
+
+
+def _operands(a, b):
+    """Both operands of a binary op as Tensors; a Python number takes the
+    other operand's dtype (so ``float16_tensor * 2.0`` stays float16)."""
+    return _t(a, b if isinstance(b, Tensor) else None), _t(b, a if isinstance(a, Tensor) else None)
 
 
 def unbroadcast(grad, shape):
@@ -46,7 +50,7 @@ def unbroadcast(grad, shape):
 
 # --- arithmetic ----------------------------------------------------------
 def add(a, b):
-    a, b = _t(a, b if isinstance(b, Tensor) else None), _t(b, a if isinstance(a, Tensor) else None)
+    a, b = _operands(a, b)
     sa, sb = a.data.shape, b.data.shape
 
     def backward(g):
@@ -57,7 +61,7 @@ def add(a, b):
 
 
 def sub(a, b):
-    a, b = _t(a, b if isinstance(b, Tensor) else None), _t(b, a if isinstance(a, Tensor) else None)
+    a, b = _operands(a, b)
     sa, sb = a.data.shape, b.data.shape
 
     def backward(g):
@@ -68,7 +72,7 @@ def sub(a, b):
 
 
 def mul(a, b):
-    a, b = _t(a, b if isinstance(b, Tensor) else None), _t(b, a if isinstance(a, Tensor) else None)
+    a, b = _operands(a, b)
 
     def backward(g):
         ga = unbroadcast(g * b.data, a.data.shape) if a.requires_grad else None
@@ -79,7 +83,7 @@ def mul(a, b):
 
 
 def div(a, b):
-    a, b = _t(a, b if isinstance(b, Tensor) else None), _t(b, a if isinstance(a, Tensor) else None)
+    a, b = _operands(a, b)
 
     def backward(g):
         ga = unbroadcast(g / b.data, a.data.shape) if a.requires_grad else None
@@ -479,7 +483,7 @@ def stack(tensors, axis=0):
 def where(condition, a, b):
     cond = condition.data if isinstance(condition, Tensor) else np.asarray(condition)
     cond = cond.astype(bool, copy=False)
-    a, b = _t(a, b if isinstance(b, Tensor) else None), _t(b, a if isinstance(a, Tensor) else None)
+    a, b = _operands(a, b)
     sa, sb = a.data.shape, b.data.shape
 
     def backward(g):

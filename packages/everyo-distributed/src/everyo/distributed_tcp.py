@@ -168,7 +168,7 @@ class TCPProcessGroup(ProcessGroup):
     def _all_reduce(self, array, op_name, op):
         data = prepare_array(array, op_name)
         record = self._begin(op_name, data.size, data.dtype.name, -1)
-        flat, world, me = data.reshape(-1), self._world_size, self._rank
+        flat, world = data.reshape(-1), self._world_size
         if world == 1:
             return reduce_in_rank_order([flat], op).reshape(data.shape)
         peers = self._peers()
