@@ -38,11 +38,6 @@ class Module:
         object.__setattr__(self, name, value)
         self._buffers[name] = value
 
-    def _set_buffer(self, name, array):
-        buf = Tensor(array)
-        object.__setattr__(self, name, buf)
-        self._buffers[name] = buf
-
     # --- traversal ----------------------------------------------------------
     def named_modules(self, prefix=""):
         yield prefix, self

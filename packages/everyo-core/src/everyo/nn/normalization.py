@@ -7,6 +7,12 @@ from everyo.nn.module import Module, as_input
 from everyo.tensor import Parameter, Tensor
 
 
+def _normalize(x, mean, var, eps, weight, bias):
+    """``(x - mean) / sqrt(var + eps)``, then the learned scale and shift (if any)."""
+    y = (x - mean) / F.sqrt(var + eps)
+    return y if weight is None else y * weight + bias
+
+
 class _BatchNorm(Module):
     _ranks = ()
 
@@ -34,14 +40,11 @@ class _BatchNorm(Module):
                 m = self.momentum
                 unbiased = var.data.reshape(-1) * (n / max(n - 1, 1))
                 rm, rv = self.running_mean.data, self.running_var.data
-                self._set_buffer("running_mean", ((1 - m) * rm + m * mean.data.reshape(-1)).astype(rm.dtype))
-                self._set_buffer("running_var", ((1 - m) * rv + m * unbiased).astype(rv.dtype))
+                self.running_mean.data = ((1 - m) * rm + m * mean.data.reshape(-1)).astype(rm.dtype)
+                self.running_var.data = ((1 - m) * rv + m * unbiased).astype(rv.dtype)
         else:
             mean, var = Tensor(self.running_mean.data), Tensor(self.running_var.data)
-        y = (x - mean) / F.sqrt(var + self.eps)
-        if self.affine:
-            y = y * self.weight + self.bias
-        return y
+        return _normalize(x, mean, var, self.eps, self.weight, self.bias)
 
     def extra_repr(self):
         return f"{self.num_features}, eps={self.eps}, momentum={self.momentum}, track_running_stats={self.track_running_stats}"
@@ -88,10 +91,7 @@ class LayerNorm(Module):
         axes = tuple(range(x.data.ndim - k, x.data.ndim))
         mean = F.mean(x, axis=axes, keepdims=True)
         var = F.var(x, axis=axes, keepdims=True)
-        y = (x - mean) / F.sqrt(var + self.eps)
-        if self.elementwise_affine:
-            y = y * self.weight + self.bias
-        return y
+        return _normalize(x, mean, var, self.eps, self.weight, self.bias)
 
     def extra_repr(self):
         return f"{self.normalized_shape}, eps={self.eps}"
