@@ -90,15 +90,40 @@ def test_float16_conv_backward_matches_float32_on_rounded_operands():
         np.testing.assert_array_equal(half, full.astype(np.float16))
 
 
-def test_float16_pool_backward_is_the_rounded_float32_gradient():
+@pytest.mark.parametrize("pool", [eo.max_pool2d, eo.avg_pool2d])
+@pytest.mark.parametrize("size, stride, padding", [(2, None, "valid"), (3, 2, "same"), (3, 1, "valid")])
+def test_float16_pools_are_the_float32_pools_rounded_once(pool, size, stride, padding):
+    # Large enough (> 256 elements) for the fast conversion paths. The float16
+    # pool works in float32 on the exact upcast and rounds once, forward and
+    # backward, so it equals the float32 pool of the same values, rounded.
     rng = np.random.default_rng(2)
-    x16 = rng.standard_normal((2, 5, 5, 3)).astype(np.float16)
-    g16 = rng.standard_normal((2, 3, 3, 3)).astype(np.float16)
-    for pool in (eo.max_pool2d, eo.avg_pool2d):
-        grads = {}
-        for dtype in ("float16", "float32"):
-            x = eo.tensor(x16.astype(dtype), requires_grad=True)
-            pool(x, 3, 2, padding="same").backward(g16.astype(dtype))
-            grads[dtype] = x.grad
-        assert grads["float16"].dtype == np.float16
-        np.testing.assert_allclose(grads["float16"].astype(np.float32), grads["float32"], rtol=1e-3, atol=1e-3)
+    x16 = rng.standard_normal((4, 9, 9, 8)).astype(np.float16)
+    results = {}
+    for dtype in ("float16", "float32"):
+        x = eo.tensor(x16.astype(dtype), requires_grad=True)
+        out = pool(x, size, stride, padding=padding)
+        g16 = np.random.default_rng(3).standard_normal(out.shape).astype(np.float16)
+        out.backward(g16.astype(dtype))
+        results[dtype] = (out.data, x.grad)
+    for half, full in zip(results["float16"], results["float32"]):
+        assert half.dtype == np.float16
+        np.testing.assert_array_equal(half.view(np.uint16), full.astype(np.float16).view(np.uint16))
+
+
+@pytest.mark.parametrize("tiny_count", [0, 3, 2000])
+def test_float_to_half_fast_path_with_few_or_many_subnormal_results(tiny_count):
+    # The fast path's two ways of rounding values below 2**-14 (a masked fix
+    # for a few, a floor for many), next to zeros of both signs and ties.
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal(4096).astype(np.float32)
+    x[:8] = [0.0, -0.0, 2049.0, 2051.0, 1 + 2**-11, -(1 + 3 * 2**-11), 65504.0, 65519.0]
+    idx = rng.choice(np.arange(8, 4096), size=tiny_count, replace=False)
+    x[idx] = rng.uniform(-2**-14, 2**-14, size=tiny_count).astype(np.float32)
+    if tiny_count:
+        x[idx[:2]] = [2**-25, -3 * 2**-25]  # ties at the smallest subnormal
+    np.testing.assert_array_equal(_float_to_half(x).view(np.uint16), x.astype(np.float16).view(np.uint16))
+
+
+def test_half_to_float_fast_path_keeps_inf_nan_and_layout():
+    h = ALL_HALF_CODES.view(np.float16).reshape(256, 256)[:, ::3]  # strided, with inf/NaN codes
+    np.testing.assert_array_equal(_half_to_float(h).view(np.uint32), h.astype(np.float32).view(np.uint32))

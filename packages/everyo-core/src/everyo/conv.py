@@ -165,22 +165,34 @@ def max_pool2d(x, pool_size=2, stride=None, padding="valid"):
     xd = x.data
     stride = pool_size if stride is None else stride
     kernel, stride, pads, (oh, ow) = _geometry(xd, pool_size, stride, padding)
+    # NumPy's float16 maximum, compare and multiply convert every element
+    # (~40x slower than float32), so a float16 input is pooled in float32:
+    # the upcast is exact and the maximum is one of the inputs, so rounding
+    # it back changes nothing. Only float16 arrays are kept for backward.
+    half = xd.dtype == np.float16
     xp = _pad(xd, pads, value=-np.inf)
-    win = _windows(xp, kernel, stride, (oh, ow))
-    out = _window_reduce(win, np.maximum)
+    xp32 = _half_to_float(xp) if half else xp
+    out32 = _window_reduce(_windows(xp32, kernel, stride, (oh, ow)), np.maximum)
+    out = _float_to_half(out32) if half else out32
+    del xp32, out32
 
     def backward(g):
         # The first position (row-major within the window) holding the maximum
         # takes the gradient, like an argmax would.
+        src = _half_to_float(xp) if half else xp
+        best = _half_to_float(out) if half else out
+        g = _half_to_float(g) if half else g
+        win = _windows(src, kernel, stride, (oh, ow))
         grad_win = np.zeros(win.shape, dtype=g.dtype)
-        taken = np.zeros(out.shape, dtype=bool)
+        taken = np.zeros(best.shape, dtype=bool)
         for i in range(kernel[0]):
             for j in range(kernel[1]):
-                hit = win[..., i, j] == out
+                hit = win[..., i, j] == best
                 hit &= ~taken
                 taken |= hit
                 np.multiply(g, hit, out=grad_win[..., i, j])
-        return (_crop(_scatter_windows(grad_win, xp.shape, kernel, stride, (oh, ow), g.dtype), pads),)
+        gx = _crop(_scatter_windows(grad_win, xp.shape, kernel, stride, (oh, ow), g.dtype), pads)
+        return (_float_to_half(gx) if half else gx,)
 
     return Tensor._from_op(out, (x,), backward)
 
@@ -192,15 +204,21 @@ def avg_pool2d(x, pool_size=2, stride=None, padding="valid"):
     xd = x.data
     stride = pool_size if stride is None else stride
     kernel, stride, pads, (oh, ow) = _geometry(xd, pool_size, stride, padding)
-    xp = _pad(xd, pads)
+    # A float16 input is summed in float32 and the mean rounded once (NumPy's
+    # float16 adds are slow and would round after every addition).
+    half = xd.dtype == np.float16
+    xp = _pad(_half_to_float(xd) if half else xd, pads)
     total = _window_reduce(_windows(xp, kernel, stride, (oh, ow)), np.add)
-    ones = _pad(np.ones((1,) + xd.shape[1:3] + (1,), dtype=xd.dtype), pads)
+    ones = _pad(np.ones((1,) + xd.shape[1:3] + (1,), dtype=xp.dtype), pads)
     count = _window_reduce(_windows(ones, kernel, stride, (oh, ow)), np.add)  # (1, OH, OW, 1)
     out = total / count
+    padded_shape = xp.shape
+    del xp, total
 
     def backward(g):
-        share = g / count
+        share = (_half_to_float(g) if half else g) / count
         grad_win = np.broadcast_to(share[..., None, None], share.shape + kernel)
-        return (_crop(_scatter_windows(grad_win, xp.shape, kernel, stride, (oh, ow), g.dtype), pads),)
+        gx = _crop(_scatter_windows(grad_win, padded_shape, kernel, stride, (oh, ow), share.dtype), pads)
+        return (_float_to_half(gx) if half else gx,)
 
-    return Tensor._from_op(out.astype(xd.dtype, copy=False), (x,), backward)
+    return Tensor._from_op(_float_to_half(out) if half else out.astype(xd.dtype, copy=False), (x,), backward)
