@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import everyo as eo
-from everyo.functional import _float_to_half, _half_to_float
+from everyo.half import _float_to_half, _half_to_float, _round_to_half
 
 ALL_HALF_CODES = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)
 
@@ -17,15 +17,47 @@ def test_half_to_float_matches_astype_for_every_float16_code():
     np.testing.assert_array_equal(_half_to_float(h).view(np.uint32), h.astype(np.float32).view(np.uint32))
 
 
+def assert_rounds_like_astype(x):
+    """Both roundings (to float16, and to float16 values kept in float32) are astype's, bit for bit."""
+    with np.errstate(all="ignore"):
+        expected = x.astype(np.float16)
+        got = _float_to_half(x)
+        kept = _round_to_half(x)
+    np.testing.assert_array_equal(got.view(np.uint16), expected.view(np.uint16))
+    np.testing.assert_array_equal(kept.view(np.uint32), expected.astype(np.float32).view(np.uint32))
+
+
 @pytest.mark.parametrize("start", range(0, 1 << 32, 1 << 29))
 def test_float_to_half_matches_astype_across_all_float32_bit_patterns(start):
     # Every 61st bit pattern of a 2**29 slice: all exponents, both signs,
     # ties, subnormals, overflow, inf and NaN payloads.
-    x = np.arange(start, start + (1 << 29), 61, dtype=np.uint64).astype(np.uint32).view(np.float32)
-    with np.errstate(all="ignore"):
-        expected = x.astype(np.float16)
-        got = _float_to_half(x)
-    np.testing.assert_array_equal(got.view(np.uint16), expected.view(np.uint16))
+    assert_rounds_like_astype(np.arange(start, start + (1 << 29), 61, dtype=np.uint64).astype(np.uint32).view(np.float32))
+
+
+def _around_every_half(min_magnitude):
+    # Every finite float16 value of at least ``min_magnitude``, the float32
+    # values a few ulps either side, and the midpoints to both neighbours.
+    h = ALL_HALF_CODES.view(np.float16)
+    c = h[np.isfinite(h) & (np.abs(h) >= min_magnitude)].astype(np.float32).view(np.uint32).astype(np.int64)
+    parts = [c + d for d in range(-3, 4)] + [c + d * 4096 for d in (-1, 1)]
+    return np.concatenate(parts).clip(0, 2**32 - 1).astype(np.uint32).view(np.float32)
+
+
+def test_roundings_fast_path_every_float16_neighbourhood():
+    # No zero and nothing below 2**-14: the signed fast path, ties included.
+    x = _around_every_half(2.0**-14)
+    x = x[(np.abs(x) >= 2.0**-14) & (np.abs(x) < 65520)]
+    assert_rounds_like_astype(x)
+
+
+def test_roundings_fast_path_with_overflow_inf_and_nan():
+    x = _around_every_half(1.0)
+    x = np.concatenate([x, np.array([65520.0, -7e4, np.inf, -np.inf, np.nan, 3e38], np.float32)])
+    assert_rounds_like_astype(np.random.default_rng(5).permutation(x))
+
+
+def test_roundings_general_path_every_float16_neighbourhood():
+    assert_rounds_like_astype(_around_every_half(0.0))  # zeros and subnormals included
 
 
 def test_float_to_half_rounding_ties_to_even_and_subnormals():
@@ -110,18 +142,19 @@ def test_float16_pools_are_the_float32_pools_rounded_once(pool, size, stride, pa
         np.testing.assert_array_equal(half.view(np.uint16), full.astype(np.float16).view(np.uint16))
 
 
-@pytest.mark.parametrize("tiny_count", [0, 3, 2000])
+@pytest.mark.parametrize("tiny_count", [0, 5, 2000])
 def test_float_to_half_fast_path_with_few_or_many_subnormal_results(tiny_count):
-    # The fast path's two ways of rounding values below 2**-14 (a masked fix
-    # for a few, a floor for many), next to zeros of both signs and ties.
+    # The two ways of rounding values below 2**-14 (a masked fix for a few, a
+    # floor for many), and the signed fast path when there are none.
     rng = np.random.default_rng(4)
     x = rng.standard_normal(4096).astype(np.float32)
-    x[:8] = [0.0, -0.0, 2049.0, 2051.0, 1 + 2**-11, -(1 + 3 * 2**-11), 65504.0, 65519.0]
+    x[np.abs(x) < 2**-14] = 0.5
+    x[:6] = [2049.0, 2051.0, 1 + 2**-11, -(1 + 3 * 2**-11), 65504.0, 65519.0]
     idx = rng.choice(np.arange(8, 4096), size=tiny_count, replace=False)
     x[idx] = rng.uniform(-2**-14, 2**-14, size=tiny_count).astype(np.float32)
     if tiny_count:
-        x[idx[:2]] = [2**-25, -3 * 2**-25]  # ties at the smallest subnormal
-    np.testing.assert_array_equal(_float_to_half(x).view(np.uint16), x.astype(np.float16).view(np.uint16))
+        x[idx[:4]] = [2**-25, -3 * 2**-25, 0.0, -0.0]  # ties at the smallest subnormal; signed zeros
+    assert_rounds_like_astype(x)
 
 
 def test_half_to_float_fast_path_keeps_inf_nan_and_layout():

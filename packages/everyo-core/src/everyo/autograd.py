@@ -10,7 +10,7 @@ import threading
 
 import numpy as np
 
-from everyo.half import _convert
+from everyo.half import Rounded, _convert, _materialize
 
 _state = threading.local()
 
@@ -83,6 +83,10 @@ def _as_grad(grad, like):
     # The gradient of a tensor always has the tensor's own dtype and shape:
     # a float16 operand gets a float16 gradient even when its consumer ran in
     # float32 (and vice versa). This is what makes casts honest.
+    if isinstance(grad, Rounded):  # float16 values, kept in float32 for the next op
+        if like.dtype == np.float16 and grad.shape == like.shape:
+            return grad
+        grad = grad.half()
     if grad.dtype != like.dtype:
         grad = _convert(grad, like.dtype)
     if grad.shape != like.shape:
@@ -118,10 +122,13 @@ def backward(root, grad=None):
         if g is None:
             continue
         if node._backward is None:  # a leaf
-            _accumulate_leaf(node, g)
+            _accumulate_leaf(node, _materialize(g))
             continue
         if node._retain:
+            g = _materialize(g)
             _accumulate_leaf(node, g)
+        elif isinstance(g, Rounded) and not getattr(node._backward, "takes_rounded", False):
+            g = g.half()
         parent_grads = node._backward(g)
         parents = node._parents
         # Free the graph as we go: activations saved by the closure go now.
@@ -133,7 +140,7 @@ def backward(root, grad=None):
             pg = _as_grad(pg, parent.data)
             key = id(parent)
             prev = grads.get(key)
-            grads[key] = pg if prev is None else prev + pg
+            grads[key] = pg if prev is None else _materialize(prev) + _materialize(pg)
 
 
 def _freed(grad):

@@ -9,7 +9,7 @@ from numpy.lib.stride_tricks import as_strided
 
 from everyo import dispatch
 from everyo.dispatch import LOW_PRECISION
-from everyo.functional import _float_to_half, _half_to_float, _mm, _t
+from everyo.functional import _float_to_half, _half_to_float, _mm, _rounded, _t, _up, takes_rounded
 from everyo.padding import _pair, output_size, resolve_padding2d
 from everyo.tensor import Tensor
 
@@ -143,14 +143,15 @@ def _conv2d_half(x, weight, bias, kernel, stride, pads, out_hw):
         out += _half_to_float(bias.data)
     out = _float_to_half(out).reshape(n, oh, ow, cout)
 
+    @takes_rounded
     def backward(g):
-        g2 = _half_to_float(g.reshape(n * oh * ow, cout))
+        g2 = _up(g).reshape(n * oh * ow, cout)
         gx = gw = gb = None
         if x.requires_grad:
             gcols = _mm(g2, w_mat.T).reshape(n, oh, ow, cin, kh, kw)
-            gx = _float_to_half(_crop(_scatter_windows(gcols, xp.shape, kernel, stride, out_hw, np.float32), pads))
+            gx = _rounded(_crop(_scatter_windows(gcols, xp.shape, kernel, stride, out_hw, np.float32), pads))
         if weight.requires_grad:
-            gw = _float_to_half(_mm(columns().T, g2).reshape(cin, kh, kw, cout).transpose(1, 2, 0, 3))
+            gw = _rounded(_mm(columns().T, g2).reshape(cin, kh, kw, cout).transpose(1, 2, 0, 3))
         if bias is not None and bias.requires_grad:
             gb = g2.sum(axis=0)  # float32; autograd rounds it once to the bias's float16
         return (gx, gw) if bias is None else (gx, gw, gb)
@@ -176,12 +177,13 @@ def max_pool2d(x, pool_size=2, stride=None, padding="valid"):
     out = _float_to_half(out32) if half else out32
     del xp32, out32
 
+    @takes_rounded
     def backward(g):
         # The first position (row-major within the window) holding the maximum
         # takes the gradient, like an argmax would.
         src = _half_to_float(xp) if half else xp
         best = _half_to_float(out) if half else out
-        g = _half_to_float(g) if half else g
+        g = _up(g) if half else g
         win = _windows(src, kernel, stride, (oh, ow))
         grad_win = np.zeros(win.shape, dtype=g.dtype)
         taken = np.zeros(best.shape, dtype=bool)
@@ -192,7 +194,7 @@ def max_pool2d(x, pool_size=2, stride=None, padding="valid"):
                 taken |= hit
                 np.multiply(g, hit, out=grad_win[..., i, j])
         gx = _crop(_scatter_windows(grad_win, xp.shape, kernel, stride, (oh, ow), g.dtype), pads)
-        return (_float_to_half(gx) if half else gx,)
+        return (_rounded(gx) if half else gx,)
 
     return Tensor._from_op(out, (x,), backward)
 
@@ -215,10 +217,11 @@ def avg_pool2d(x, pool_size=2, stride=None, padding="valid"):
     padded_shape = xp.shape
     del xp, total
 
+    @takes_rounded
     def backward(g):
-        share = (_half_to_float(g) if half else g) / count
+        share = (_up(g) if half else g) / count
         grad_win = np.broadcast_to(share[..., None, None], share.shape + kernel)
         gx = _crop(_scatter_windows(grad_win, padded_shape, kernel, stride, (oh, ow), share.dtype), pads)
-        return (_float_to_half(gx) if half else gx,)
+        return (_rounded(gx) if half else gx,)
 
     return Tensor._from_op(_float_to_half(out) if half else out.astype(xd.dtype, copy=False), (x,), backward)

@@ -8,7 +8,9 @@ import numpy as np
 
 from everyo import dispatch
 from everyo.dispatch import FLOAT32, LOW_PRECISION
-from everyo.half import _convert, _float_to_half, _half_to_float  # noqa: F401 (conv.py uses them)
+from everyo.half import (  # noqa: F401 (conv.py uses them)
+    Rounded, _convert, _float_to_half, _half_to_float, _round_to_half, _rounded, _up, takes_rounded,
+)
 from everyo.tensor import Tensor
 
 __all__ = [
@@ -198,10 +200,12 @@ def linear(x, weight, bias=None):
 def _linear_half(x, weight, bias):
     # float16 operands: one float32 BLAS call with the bias added in float32,
     # then a single rounding to float16 (what a fused float16 GEMM does). Each
-    # gradient is rounded once the same way; the incoming gradient is
-    # converted up once and shared by the three products. Only float16 arrays
-    # are saved for backward (x is converted again there), so the memory
-    # autocast saves is not spent on float32 copies.
+    # gradient is rounded once the same way and handed on as a Rounded (its
+    # float16 values kept in float32, so the next float16 op skips converting
+    # it back up); the incoming gradient is converted up once and shared by
+    # the three products. Only float16 arrays are saved for backward (x is
+    # converted again there), so the memory autocast saves is not spent on
+    # float32 copies.
     xd = x.data
     lead = xd.shape[:-1]
     x2 = xd.reshape(-1, xd.shape[-1])
@@ -211,10 +215,11 @@ def _linear_half(x, weight, bias):
         out += _half_to_float(bias.data)
     out = _float_to_half(out).reshape(lead + (w32.shape[1],))
 
+    @takes_rounded
     def backward(g):
-        g2 = _half_to_float(g.reshape(-1, g.shape[-1]))
-        gx = _float_to_half(_mm(g2, w32.T)).reshape(xd.shape) if x.requires_grad else None
-        gw = _float_to_half(_mm(_half_to_float(x2).T, g2)) if weight.requires_grad else None
+        g2 = _up(g).reshape(-1, g.shape[-1])
+        gx = _rounded(_mm(g2, w32.T).reshape(xd.shape)) if x.requires_grad else None
+        gw = _rounded(_mm(_half_to_float(x2).T, g2)) if weight.requires_grad else None
         if bias is None:
             return gx, gw
         # float32 sum; autograd rounds it once to the bias's float16.
@@ -365,18 +370,23 @@ def _relu_half(a):
     keep = np.greater_equal(np.subtract(codes, u16(0x8001)), u16(0x7C00))
     out = np.multiply(codes, keep).view(np.float16)
 
-    def backward(g):
+    @takes_rounded
+    def backward(grad):
         # out > 0 exactly for the codes 0x0001..0x7C00 (positive, not NaN).
         live = np.less(np.subtract(out.view(u16), u16(1)), u16(0x7C00))
-        gc = g.view(u16)
+        if isinstance(grad, Rounded):
+            # float16 values in float32: g * 1 is g, g * 0 a signed zero (NaN
+            # for inf/NaN), each again a float16 value.
+            return (Rounded(np.multiply(grad.f32, live)),)
+        gc = grad.view(u16)
         # g * 1 is g; g * 0 is a zero with g's sign, or NaN if g is inf/NaN.
-        grad = np.multiply(live, u16(0x7FFF))
-        grad |= u16(0x8000)
-        grad &= gc
+        res = np.multiply(live, u16(0x7FFF))
+        res |= u16(0x8000)
+        res &= gc
         nonfinite = np.equal(np.bitwise_and(gc, u16(0x7C00)), u16(0x7C00))
         if nonfinite.any():
-            grad[nonfinite & ~live] = 0x7E00
-        return (grad.view(np.float16),)
+            res[nonfinite & ~live] = 0x7E00
+        return (res.view(np.float16),)
 
     return Tensor._from_op(out, (a,), backward)
 
@@ -499,7 +509,16 @@ def astype(a, dtype):
     if a.data.dtype == dtype:
         return a
     src = a.data.dtype
-    return Tensor._from_op(_convert(a.data, dtype), (a,), lambda g: (_convert(g, src),))
+
+    @takes_rounded
+    def backward(g):
+        if isinstance(g, Rounded):  # float16 values already in float32
+            return (g.f32 if src == np.float32 else g.f32.astype(src),)
+        if src == np.float16 and g.dtype == np.float32:
+            return (_rounded(g),)  # the float16 gradient, kept in float32 for the next op
+        return (_convert(g, src),)
+
+    return Tensor._from_op(_convert(a.data, dtype), (a,), backward)
 
 
 def dropout(a, p=0.5, training=True, rng=None):

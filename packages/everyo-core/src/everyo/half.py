@@ -4,14 +4,19 @@ NumPy converts float16 one element at a time (~2.5 ns per value down, 1.6 ns
 up) and ~40x slower still when values are float16 subnormals, which is
 exactly where small gradients live. These give bit-identical results to
 ``astype`` with a handful of whole-array integer and float passes that NumPy
-runs with SIMD. Used by the float16 paths of matmul, linear, conv2d and the
-differentiable cast.
+runs with SIMD. Used by the float16 paths of matmul, linear, conv2d, pooling
+and the differentiable cast.
 
-Both directions lean on one fact: multiplying by a power of two is exact, as
-long as the result is a float32 normal or subnormal number. Scaling by
-``2**-112`` (or ``2**112``) moves a value between float32's exponent bias and
-float16's, and a float16 subnormal lands exactly on a float32 subnormal whose
-bit pattern, shifted by 13, is the float16 code.
+* Up: the code's bits are moved into float32's fields and multiplied by
+  ``2**112``, which rebiases the exponent (and normalises subnormal codes)
+  exactly.
+* Down, in two steps. Rounding to float16's precision stays in float32:
+  Veltkamp's splitting for the usual case (see :func:`_round_signed`), an
+  add-and-subtract of a power of two otherwise (:func:`_round_magnitude`).
+  Encoding then multiplies by ``2**-112`` (exact: a float16 subnormal lands
+  on a float32 subnormal) and shifts the bits down by 13.
+* :class:`Rounded` lets backward skip the encoding and the trip back up when
+  a float16 gradient goes straight into another float16 op.
 """
 import numpy as np
 
@@ -41,50 +46,183 @@ def _half_to_float(h):
     return f
 
 
+def _round_magnitude(x):
+    """|x| rounded to float16's spacing, as float32; ``x`` flat, contiguous float32.
+
+    The general path (many values below 2**-14). Returns the rounded
+    magnitudes and a scratch uint32 array of the same size. Round-to-nearest-
+    even is the FPU's own: for |x| in [2**e, 2**(e+1)), (|x| + 2**(e+13)) -
+    2**(e+13) keeps 11 significant bits. Below 2**-14 (float16 subnormals) the
+    spacing is fixed at 2**-24, which the same trick gives with 2**-1; zero
+    and float32 subnormals also round correctly (to zero) with that constant.
+    Values that round to inf or are inf/NaN are left to the callers.
+    """
+    bits = x.view(_U32)
+    big = np.bitwise_and(bits, _U32(0x7F800000))  # 2**e, as bits
+    np.maximum(big, _U32(113 << 23), out=big)  # at least 2**-14
+    np.add(big, _U32(13 << 23), out=big)  # 2**(e+13)
+    magic = big.view(_F32)
+    a = np.abs(x)
+    with np.errstate(over="ignore", invalid="ignore"):  # only for the callers' special values
+        np.add(a, magic, out=a)
+        np.subtract(a, magic, out=a)
+    return a, big
+
+
+_TWO_POW_M14 = 0x38800000  # bit pattern of 2**-14, float16's smallest normal
+_HALF_OVERFLOW = 0x477FF000  # bit pattern of 65520, the smallest magnitude that rounds to inf
+_SPLIT = _F32(2**13 + 1)  # Veltkamp's constant for keeping 24 - 13 = 11 significant bits
+
+
+def _magnitude_range(bits):
+    """Smallest and largest |x| (as bit patterns) of float32 bit patterns
+    ``bits``, from four reductions and no pass: as uint32 the positives sort
+    first, as int32 the negatives do, each in order of magnitude."""
+    as_int = bits.view(np.int32)
+    lo = min(int(bits.min()) & 0x7FFFFFFF, int(as_int.min()) & 0x7FFFFFFF)
+    hi = max(int(bits.max()) & 0x7FFFFFFF, int(as_int.max()) & 0x7FFFFFFF)
+    return lo, hi
+
+
+def _round_signed(x):
+    """The fast path of both roundings, by Veltkamp's splitting:
+    g = x * (2**13 + 1); x_h = g + (x - g) is x rounded to 11 significant bits,
+    ties to even, with x's sign. Checked against ``astype`` for every float32
+    in [2**-14, 65520) of both signs (tests check every float16's
+    neighbourhood). Below 2**-14 float16's spacing is absolute, so the few
+    values there (zeros included) are rounded by NumPy one by one.
+
+    ``x`` flat, contiguous float32. Returns None when many values are that
+    small (the caller takes the general path), else (rounded x as float32, a
+    uint32 scratch array, whether some values are >= 65520, inf or NaN and
+    need fixing by the caller).
+    """
+    bits = x.view(_U32)
+    lo, hi = _magnitude_range(bits)
+    small = None
+    if lo < _TWO_POW_M14:
+        small = np.flatnonzero(np.less(np.bitwise_and(bits, _U32(0x7FFFFFFF)), _U32(_TWO_POW_M14)))
+        if small.size * 32 > x.size:
+            return None
+    with np.errstate(over="ignore", invalid="ignore"):  # only for the special values
+        r = np.multiply(x, _SPLIT)
+        d = np.subtract(x, r)
+        np.add(r, d, out=r)
+    if small is not None:
+        r[small] = x[small].astype(np.float16).astype(_F32)
+    return r, d.view(_U32), hi >= _HALF_OVERFLOW
+
+
+def _has_special(x):
+    """Whether ``x`` holds a value float16 cannot hold finitely (|x| >= 65520, inf, NaN)."""
+    return not (x.max() < 65520.0 and x.min() > -65520.0)  # NaN compares False too
+
+
+def _special_mask(x):
+    return ~(np.abs(x) < _F32(65520.0))
+
+
 def _float_to_half(x):
     """float32 array -> float16 array, bit-identical to ``x.astype(np.float16)``."""
     if x.size <= _SMALL:
         return x.astype(np.float16)
     shape = np.shape(x)
     x = np.ascontiguousarray(x, dtype=_F32).reshape(-1)
-    bits = x.view(_U32)
-    # Round |x| to float16's spacing with the FPU's own round-to-nearest-even:
-    # for |x| in [2**e, 2**(e+1)), (|x| + 2**(e+13)) - 2**(e+13) keeps 11
-    # significant bits. Below 2**-14 (float16 subnormals) the spacing is fixed
-    # at 2**-24, which the same trick gives with 2**-1; zero and float32
-    # subnormals also round correctly (to zero) with that constant.
-    big = np.bitwise_and(bits, _U32(0x7F800000))  # 2**e, as bits
-    np.subtract(big, _U32(1 << 23), out=big)  # a zero exponent wraps to the top...
-    tiny = big.min() < _U32(112 << 23)  # ...so this asks: any 0 < |x| < 2**-14?
-    np.add(big, _U32(14 << 23), out=big)  # 2**(e+13)
-    if tiny:
-        low = np.less(big, _U32(126 << 23))
-        if np.count_nonzero(low) * 32 < low.size:  # a few: a masked copy is cheapest
-            np.copyto(big, _U32(126 << 23), where=low)
-        else:
-            np.maximum(big, _U32(126 << 23), out=big)
-    magic = big.view(_F32)
-    a = np.abs(x)
-    with np.errstate(over="ignore", invalid="ignore"):  # only for inputs fixed below
-        np.add(a, magic, out=a)
-        np.subtract(a, magic, out=a)
-        # Rebias: a float16-normal value keeps its mantissa and gets the
-        # float16 exponent; a float16-subnormal one becomes the float32
-        # subnormal with the same code (see the module docstring).
+    fast = _round_signed(x)
+    if fast is not None:
+        a, scratch, check = fast
+    else:
+        a, scratch = _round_magnitude(x)
+        check = True
+    # Rebias: a float16-normal value keeps its mantissa and gets the float16
+    # exponent; a float16-subnormal one becomes the float32 subnormal with the
+    # same code (see the module docstring).
+    with np.errstate(over="ignore", invalid="ignore"):
         np.multiply(a, _F32(2.0**-112), out=a)
     code = a.view(_U32)
-    np.right_shift(code, _U32(13), out=code)
-    np.right_shift(bits, _U32(16), out=big)  # the sign, onto bit 15
-    np.bitwise_and(big, _U32(0x8000), out=big)
-    np.bitwise_or(code, big, out=code)
+    np.right_shift(x.view(_U32), _U32(16), out=scratch)  # the sign, onto bit 15
+    np.bitwise_and(scratch, _U32(0x8000), out=scratch)
+    np.right_shift(code, _U32(13), out=code)  # (a signed a's sign bit lands on 18: dropped below)
+    np.bitwise_or(code, scratch, out=code)
     out = code.astype(np.uint16)
-    # |x| >= 65520 rounds to inf; inf and NaN need NumPy's own rules. Rare:
-    # let NumPy convert these few, so NaN payloads and the overflow warning
-    # (and any np.errstate in force) are exactly astype's.
-    if not (x.max() < 65520.0 and x.min() > -65520.0):  # NaN compares False too
-        special = ~(np.abs(x) < _F32(65520.0))
+    # Rare: let NumPy convert values that overflow, inf and NaN, so NaN
+    # payloads and the overflow warning (and any np.errstate in force) are
+    # exactly astype's.
+    if check and _has_special(x):
+        special = _special_mask(x)
         out[special] = x[special].astype(np.float16).view(np.uint16)
     return out.view(np.float16).reshape(shape)
+
+
+def _round_to_half(x):
+    """float32 array -> float32 array of the same values ``x.astype(np.float16)``
+    holds (bit for bit, signed zeros, inf and NaN included), without ever
+    storing float16: a fraction of the passes of a conversion down and back up."""
+    if x.size <= _SMALL:
+        return x.astype(np.float16).astype(_F32)
+    shape = np.shape(x)
+    x = np.ascontiguousarray(x, dtype=_F32).reshape(-1)
+    fast = _round_signed(x)
+    if fast is not None:
+        a, _, check = fast
+    else:
+        a, scratch = _round_magnitude(x)
+        np.bitwise_and(x.view(_U32), _U32(0x80000000), out=scratch)
+        np.bitwise_or(a.view(_U32), scratch, out=a.view(_U32))  # x's sign, -0 included
+        check = True
+    if check and _has_special(x):
+        special = _special_mask(x)
+        a[special] = x[special].astype(np.float16).astype(_F32)
+    return a.reshape(shape)
+
+
+class Rounded:
+    """A float16 gradient held as the float32 values it consists of.
+
+    In backward, a float16 layer computes its input's gradient in float32 and
+    rounds it to float16; the next float16 op (ReLU, then the previous layer's
+    matmul) converts it straight back up. Handing over a ``Rounded`` instead
+    skips the trip: ``f32`` holds exactly the float16 values (made by
+    :func:`_round_to_half`), so the numerics are float16's, only the storage
+    differs. Autograd turns it into a real float16 array (exactly, via
+    :meth:`half`) wherever one is needed: a leaf's or a retained ``.grad``, a
+    sum of two gradients, and any backward function without
+    ``takes_rounded = True``.
+    """
+
+    __slots__ = ("f32",)
+    dtype = np.dtype(np.float16)
+
+    def __init__(self, f32):
+        self.f32 = f32
+
+    @property
+    def shape(self):
+        return self.f32.shape
+
+    def half(self):
+        return _float_to_half(self.f32)
+
+
+def _rounded(x):
+    """The float16 rounding of float32 ``x``, kept in float32 (see :class:`Rounded`)."""
+    return Rounded(_round_to_half(x))
+
+
+def _up(g):
+    """A float16 gradient (array or :class:`Rounded`) as float32 values."""
+    return g.f32 if isinstance(g, Rounded) else _half_to_float(g)
+
+
+def _materialize(g):
+    """A gradient as an ndarray (a :class:`Rounded` becomes float16)."""
+    return g.half() if isinstance(g, Rounded) else g
+
+
+def takes_rounded(fn):
+    """Mark a backward function as accepting a :class:`Rounded` gradient."""
+    fn.takes_rounded = True
+    return fn
 
 
 def _convert(arr, dtype):
