@@ -143,9 +143,10 @@ def test_float16_pools_are_the_float32_pools_rounded_once(pool, size, stride, pa
 
 
 @pytest.mark.parametrize("tiny_count", [0, 5, 2000])
-def test_float_to_half_fast_path_with_few_or_many_subnormal_results(tiny_count):
-    # The two ways of rounding values below 2**-14 (a masked fix for a few, a
-    # floor for many), and the signed fast path when there are none.
+def test_roundings_with_few_or_many_values_below_the_float16_normals(tiny_count):
+    # Values below 2**-14 (and zeros), where the fast rounding is not
+    # float16's: NumPy redoes a few, the general path takes over for many;
+    # with none the fast path stands alone.
     rng = np.random.default_rng(4)
     x = rng.standard_normal(4096).astype(np.float32)
     x[np.abs(x) < 2**-14] = 0.5

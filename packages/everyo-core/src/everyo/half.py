@@ -69,48 +69,24 @@ def _round_magnitude(x):
     return a, big
 
 
-_TWO_POW_M14 = 0x38800000  # bit pattern of 2**-14, float16's smallest normal
-_HALF_OVERFLOW = 0x477FF000  # bit pattern of 65520, the smallest magnitude that rounds to inf
 _SPLIT = _F32(2**13 + 1)  # Veltkamp's constant for keeping 24 - 13 = 11 significant bits
-
-
-def _magnitude_range(bits):
-    """Smallest and largest |x| (as bit patterns) of float32 bit patterns
-    ``bits``, from four reductions and no pass: as uint32 the positives sort
-    first, as int32 the negatives do, each in order of magnitude."""
-    as_int = bits.view(np.int32)
-    lo = min(int(bits.min()) & 0x7FFFFFFF, int(as_int.min()) & 0x7FFFFFFF)
-    hi = max(int(bits.max()) & 0x7FFFFFFF, int(as_int.max()) & 0x7FFFFFFF)
-    return lo, hi
+_DENSE = 32  # more than 1 value in this many below 2**-14: take the general path
 
 
 def _round_signed(x):
-    """The fast path of both roundings, by Veltkamp's splitting:
-    g = x * (2**13 + 1); x_h = g + (x - g) is x rounded to 11 significant bits,
-    ties to even, with x's sign. Checked against ``astype`` for every float32
-    in [2**-14, 65520) of both signs (tests check every float16's
-    neighbourhood). Below 2**-14 float16's spacing is absolute, so the few
-    values there (zeros included) are rounded by NumPy one by one.
-
-    ``x`` flat, contiguous float32. Returns None when many values are that
-    small (the caller takes the general path), else (rounded x as float32, a
-    uint32 scratch array, whether some values are >= 65520, inf or NaN and
-    need fixing by the caller).
-    """
-    bits = x.view(_U32)
-    lo, hi = _magnitude_range(bits)
-    small = None
-    if lo < _TWO_POW_M14:
-        small = np.flatnonzero(np.less(np.bitwise_and(bits, _U32(0x7FFFFFFF)), _U32(_TWO_POW_M14)))
-        if small.size * 32 > x.size:
-            return None
-    with np.errstate(over="ignore", invalid="ignore"):  # only for the special values
+    """The fast rounding, by Veltkamp's splitting: with g = x * (2**13 + 1),
+    g + (x - g) is x rounded to 11 significant bits, ties to even, keeping x's
+    sign. That is float16's rounding for every |x| in [2**-14, 65520) of both
+    signs (checked against ``astype`` for each such float32; the tests check
+    every float16's neighbourhood). Below 2**-14 float16's spacing is
+    absolute (and a zero's sign is lost), so callers round those few values
+    again with NumPy. ``x`` flat, contiguous float32. Returns the rounded
+    values and a scratch float32 array."""
+    with np.errstate(over="ignore", invalid="ignore"):  # only for values callers fix
         r = np.multiply(x, _SPLIT)
         d = np.subtract(x, r)
         np.add(r, d, out=r)
-    if small is not None:
-        r[small] = x[small].astype(np.float16).astype(_F32)
-    return r, d.view(_U32), hi >= _HALF_OVERFLOW
+    return r, d
 
 
 def _has_special(x):
@@ -122,33 +98,43 @@ def _special_mask(x):
     return ~(np.abs(x) < _F32(65520.0))
 
 
+def _encode(a, x, scratch):
+    """float16 codes of ``a``, float32 values already rounded to float16 (signed
+    or not), with the signs of ``x``; ``a`` is overwritten, ``scratch`` is a
+    4-byte array of a's size."""
+    # Rebias: a float16-normal value keeps its mantissa and gets the float16
+    # exponent; a float16-subnormal one becomes the float32 subnormal with the
+    # same code (see the module docstring).
+    with np.errstate(over="ignore", invalid="ignore"):
+        np.multiply(a, _F32(2.0**-112), out=a)
+    code, sign = a.view(_U32), scratch.view(_U32)
+    np.right_shift(x.view(_U32), _U32(16), out=sign)  # the sign, onto bit 15
+    np.bitwise_and(sign, _U32(0x8000), out=sign)
+    np.right_shift(code, _U32(13), out=code)  # (a signed a's own sign lands on bit 18: dropped below)
+    np.bitwise_or(code, sign, out=code)
+    return code.astype(np.uint16)
+
+
 def _float_to_half(x):
     """float32 array -> float16 array, bit-identical to ``x.astype(np.float16)``."""
     if x.size <= _SMALL:
         return x.astype(np.float16)
     shape = np.shape(x)
     x = np.ascontiguousarray(x, dtype=_F32).reshape(-1)
-    fast = _round_signed(x)
-    if fast is not None:
-        a, scratch, check = fast
-    else:
+    a, scratch = _round_signed(x)
+    out = _encode(a, x, scratch)
+    # Codes with a zero exponent come from |x| < 2**-14 (or zero), where the
+    # fast rounding is not float16's: redo those few, or all by the general path.
+    small = np.flatnonzero(np.equal(np.bitwise_and(out, np.uint16(0x7C00)), np.uint16(0)))
+    if small.size * _DENSE > x.size:
         a, scratch = _round_magnitude(x)
-        check = True
-    # Rebias: a float16-normal value keeps its mantissa and gets the float16
-    # exponent; a float16-subnormal one becomes the float32 subnormal with the
-    # same code (see the module docstring).
-    with np.errstate(over="ignore", invalid="ignore"):
-        np.multiply(a, _F32(2.0**-112), out=a)
-    code = a.view(_U32)
-    np.right_shift(x.view(_U32), _U32(16), out=scratch)  # the sign, onto bit 15
-    np.bitwise_and(scratch, _U32(0x8000), out=scratch)
-    np.right_shift(code, _U32(13), out=code)  # (a signed a's sign bit lands on 18: dropped below)
-    np.bitwise_or(code, scratch, out=code)
-    out = code.astype(np.uint16)
+        out = _encode(a, x, scratch)
+    elif small.size:
+        out[small] = x[small].astype(np.float16).view(np.uint16)
     # Rare: let NumPy convert values that overflow, inf and NaN, so NaN
     # payloads and the overflow warning (and any np.errstate in force) are
     # exactly astype's.
-    if check and _has_special(x):
+    if _has_special(x):
         special = _special_mask(x)
         out[special] = x[special].astype(np.float16).view(np.uint16)
     return out.view(np.float16).reshape(shape)
@@ -162,15 +148,17 @@ def _round_to_half(x):
         return x.astype(np.float16).astype(_F32)
     shape = np.shape(x)
     x = np.ascontiguousarray(x, dtype=_F32).reshape(-1)
-    fast = _round_signed(x)
-    if fast is not None:
-        a, _, check = fast
-    else:
-        a, scratch = _round_magnitude(x)
-        np.bitwise_and(x.view(_U32), _U32(0x80000000), out=scratch)
-        np.bitwise_or(a.view(_U32), scratch, out=a.view(_U32))  # x's sign, -0 included
-        check = True
-    if check and _has_special(x):
+    a, scratch = _round_signed(x)
+    # Values that rounded below 2**-14 came from |x| < 2**-14 (or zero), where
+    # the fast rounding is not float16's: redo those few, or all by the general path.
+    small = np.flatnonzero(np.less(np.abs(a, out=scratch), _F32(2.0**-14)))
+    if small.size * _DENSE > x.size:
+        a, sign = _round_magnitude(x)
+        np.bitwise_and(x.view(_U32), _U32(0x80000000), out=sign)
+        np.bitwise_or(a.view(_U32), sign, out=a.view(_U32))  # x's sign, -0 included
+    elif small.size:
+        a[small] = x[small].astype(np.float16).astype(_F32)
+    if _has_special(x):
         special = _special_mask(x)
         a[special] = x[special].astype(np.float16).astype(_F32)
     return a.reshape(shape)
