@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import everyo as eo
-from everyo.half import _float_to_half, _half_to_float, _round_to_half
+from everyo.half import _exact_to_half, _float_to_half, _half_to_float, _round_to_half
 
 ALL_HALF_CODES = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)
 
@@ -140,6 +140,21 @@ def test_float16_pools_are_the_float32_pools_rounded_once(pool, size, stride, pa
     for half, full in zip(results["float16"], results["float32"]):
         assert half.dtype == np.float16
         np.testing.assert_array_equal(half.view(np.uint16), full.astype(np.float16).view(np.uint16))
+
+
+def test_exact_to_half_encodes_every_float16_value():
+    h = np.random.default_rng(6).permutation(ALL_HALF_CODES).view(np.float16)
+    np.testing.assert_array_equal(_exact_to_half(h.astype(np.float32)).view(np.uint16),
+                                  h.astype(np.float32).astype(np.float16).view(np.uint16))
+
+
+def test_roundings_of_relu_like_data_with_many_zeros_of_both_signs():
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal(8192).astype(np.float32)
+    x[x < 0] = 0.0
+    x[rng.choice(8192, 500, replace=False)] = -0.0
+    x[rng.choice(8192, 5, replace=False)] = [3e-6, -4e-7, 2**-25, -(2**-24) * 1.5, 2**-14 * 0.75]
+    assert_rounds_like_astype(x)
 
 
 @pytest.mark.parametrize("tiny_count", [0, 5, 2000])

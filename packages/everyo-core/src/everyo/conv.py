@@ -9,7 +9,7 @@ from numpy.lib.stride_tricks import as_strided
 
 from everyo import dispatch
 from everyo.dispatch import LOW_PRECISION
-from everyo.functional import _float_to_half, _half_to_float, _mm, _rounded, _t, _up, takes_rounded
+from everyo.functional import Rounded, _exact_to_half, _float_to_half, _half_to_float, _mm, _rounded, _t, _up, takes_rounded
 from everyo.padding import _pair, output_size, resolve_padding2d
 from everyo.tensor import Tensor
 
@@ -174,7 +174,7 @@ def max_pool2d(x, pool_size=2, stride=None, padding="valid"):
     xp = _pad(xd, pads, value=-np.inf)
     xp32 = _half_to_float(xp) if half else xp
     out32 = _window_reduce(_windows(xp32, kernel, stride, (oh, ow)), np.maximum)
-    out = _float_to_half(out32) if half else out32
+    out = _exact_to_half(out32) if half else out32
     del xp32, out32
 
     @takes_rounded
@@ -194,7 +194,13 @@ def max_pool2d(x, pool_size=2, stride=None, padding="valid"):
                 taken |= hit
                 np.multiply(g, hit, out=grad_win[..., i, j])
         gx = _crop(_scatter_windows(grad_win, xp.shape, kernel, stride, (oh, ow), g.dtype), pads)
-        return (_rounded(gx) if half else gx,)
+        if not half:
+            return (gx,)
+        if stride[0] >= kernel[0] and stride[1] >= kernel[1]:
+            # Windows do not overlap: each input takes at most one float16
+            # gradient value, unchanged, so there is nothing to round.
+            return (Rounded(np.ascontiguousarray(gx)),)
+        return (_rounded(gx),)
 
     return Tensor._from_op(out, (x,), backward)
 

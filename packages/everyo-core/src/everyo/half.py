@@ -78,15 +78,15 @@ def _round_signed(x):
     g + (x - g) is x rounded to 11 significant bits, ties to even, keeping x's
     sign. That is float16's rounding for every |x| in [2**-14, 65520) of both
     signs (checked against ``astype`` for each such float32; the tests check
-    every float16's neighbourhood). Below 2**-14 float16's spacing is
-    absolute (and a zero's sign is lost), so callers round those few values
+    every float16's neighbourhood), and zeros stay zeros of their sign. Below
+    2**-14 float16's spacing is absolute, so callers round those few values
     again with NumPy. ``x`` flat, contiguous float32. Returns the rounded
     values and a scratch float32 array."""
     with np.errstate(over="ignore", invalid="ignore"):  # only for values callers fix
-        r = np.multiply(x, _SPLIT)
-        d = np.subtract(x, r)
-        np.add(r, d, out=r)
-    return r, d
+        g = np.multiply(x, _SPLIT)
+        d = np.subtract(g, x)
+        np.subtract(g, d, out=g)  # g - (g - x), not g + (x - g): keeps the sign of a zero
+    return g, d
 
 
 def _has_special(x):
@@ -115,6 +115,37 @@ def _encode(a, x, scratch):
     return code.astype(np.uint16)
 
 
+def _fix_special(out, x):
+    """Let NumPy convert values that overflow, inf and NaN (rare), so NaN
+    payloads and the overflow warning (and any np.errstate in force) are
+    exactly astype's."""
+    if _has_special(x):
+        special = _special_mask(x)
+        out[special] = x[special].astype(np.float16).view(np.uint16)
+    return out
+
+
+def _exact_to_half(x):
+    """float32 array of float16 values (a max, a ReLU or a Rounded of float16
+    data; inf and NaN allowed) -> float16 array: no rounding to do, so only
+    the encoding, exact for subnormals and zeros too."""
+    if x.size <= _SMALL:
+        return x.astype(np.float16)
+    shape = np.shape(x)
+    x = np.ascontiguousarray(x, dtype=_F32).reshape(-1)
+    out = _encode(x.copy(), x, np.empty(x.size, _U32))
+    return _fix_special(out, x).view(np.float16).reshape(shape)
+
+
+def _small_nonzero(v, scratch):
+    """Indices of the values with 0 < |v| < 2**-14 (float16 subnormals, where
+    the fast rounding is not float16's); ``scratch``: a 4-byte array of v's size."""
+    u = scratch.view(_U32)
+    np.left_shift(v.view(_U32), _U32(1), out=u)  # |v|'s bits, doubled
+    np.subtract(u, _U32(1), out=u)  # zero wraps to the top
+    return np.flatnonzero(np.less(u, _U32((0x38800000 << 1) - 1)))
+
+
 def _float_to_half(x):
     """float32 array -> float16 array, bit-identical to ``x.astype(np.float16)``."""
     if x.size <= _SMALL:
@@ -123,21 +154,17 @@ def _float_to_half(x):
     x = np.ascontiguousarray(x, dtype=_F32).reshape(-1)
     a, scratch = _round_signed(x)
     out = _encode(a, x, scratch)
-    # Codes with a zero exponent come from |x| < 2**-14 (or zero), where the
-    # fast rounding is not float16's: redo those few, or all by the general path.
+    # Values below 2**-14, where the fast rounding is not float16's, got codes
+    # with a zero exponent (so did zeros, which are right): redo those few.
     small = np.flatnonzero(np.equal(np.bitwise_and(out, np.uint16(0x7C00)), np.uint16(0)))
     if small.size * _DENSE > x.size:
+        small = _small_nonzero(x, scratch)  # many: leave the zeros out
+    if small.size * _DENSE > x.size:  # still many: the general path
         a, scratch = _round_magnitude(x)
         out = _encode(a, x, scratch)
     elif small.size:
         out[small] = x[small].astype(np.float16).view(np.uint16)
-    # Rare: let NumPy convert values that overflow, inf and NaN, so NaN
-    # payloads and the overflow warning (and any np.errstate in force) are
-    # exactly astype's.
-    if _has_special(x):
-        special = _special_mask(x)
-        out[special] = x[special].astype(np.float16).view(np.uint16)
-    return out.view(np.float16).reshape(shape)
+    return _fix_special(out, x).view(np.float16).reshape(shape)
 
 
 def _round_to_half(x):
@@ -149,14 +176,14 @@ def _round_to_half(x):
     shape = np.shape(x)
     x = np.ascontiguousarray(x, dtype=_F32).reshape(-1)
     a, scratch = _round_signed(x)
-    # Values that rounded below 2**-14 came from |x| < 2**-14 (or zero), where
-    # the fast rounding is not float16's: redo those few, or all by the general path.
-    small = np.flatnonzero(np.less(np.abs(a, out=scratch), _F32(2.0**-14)))
+    small = np.flatnonzero(np.less(np.abs(a, out=scratch), _F32(2.0**-14)))  # zeros too (they are right)
     if small.size * _DENSE > x.size:
-        a, sign = _round_magnitude(x)
-        np.bitwise_and(x.view(_U32), _U32(0x80000000), out=sign)
-        np.bitwise_or(a.view(_U32), sign, out=a.view(_U32))  # x's sign, -0 included
-    elif small.size:
+        small = _small_nonzero(a, scratch)  # many: leave the zeros out
+    if small.size * _DENSE > x.size:  # still many: the general path
+        a, scratch = _round_magnitude(x)
+        np.bitwise_and(x.view(_U32), _U32(0x80000000), out=scratch)
+        np.bitwise_or(a.view(_U32), scratch, out=a.view(_U32))  # x's sign, -0 included
+    elif small.size:  # a few: NumPy's own rounding
         a[small] = x[small].astype(np.float16).astype(_F32)
     if _has_special(x):
         special = _special_mask(x)
@@ -189,7 +216,7 @@ class Rounded:
         return self.f32.shape
 
     def half(self):
-        return _float_to_half(self.f32)
+        return _exact_to_half(self.f32)
 
 
 def _rounded(x):
