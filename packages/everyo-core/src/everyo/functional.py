@@ -372,12 +372,18 @@ def _relu_half(a):
 
     @takes_rounded
     def backward(grad):
-        # out > 0 exactly for the codes 0x0001..0x7C00 (positive, not NaN).
-        live = np.less(np.subtract(out.view(u16), u16(1)), u16(0x7C00))
+        # out > 0 exactly for the codes 0x0001..0x7C00 (positive, not NaN):
+        # as int16 those are 1..31744, and only positive NaNs lie above.
+        signed = out.view(np.int16)
+        if signed.max() > 0x7C00:
+            live = np.less(np.subtract(out.view(u16), u16(1)), u16(0x7C00))
+        else:
+            live = np.greater(signed, np.int16(0))
         if isinstance(grad, Rounded):
             # float16 values in float32: g * 1 is g, g * 0 a signed zero (NaN
-            # for inf/NaN), each again a float16 value.
-            return (Rounded(np.multiply(grad.f32, live)),)
+            # for inf/NaN), each again a float16 value. The array is this
+            # backward's own (autograd hands each gradient to one consumer).
+            return (Rounded(np.multiply(grad.f32, live, out=grad.f32)),)
         gc = grad.view(u16)
         # g * 1 is g; g * 0 is a zero with g's sign, or NaN if g is inf/NaN.
         res = np.multiply(live, u16(0x7FFF))
