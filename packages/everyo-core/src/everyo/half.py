@@ -33,14 +33,16 @@ def _half_to_float(h):
     # bit 31 (its copies on bits 28-30 are masked off), the 5-bit exponent and
     # the 10-bit mantissa on float32's exponent and mantissa. Multiplying by
     # 2**112 then rebiases the exponent; for subnormal codes it normalises.
-    v = h.view(np.int16).astype(np.int32)
+    signed = h.view(np.int16)
+    v = signed.astype(np.int32)
     np.left_shift(v, 13, out=v)
     np.bitwise_and(v, np.int32(-0x70002000), out=v)  # keep bits 0x8FFFE000
     f = v.view(_F32)
     np.multiply(f, _F32(2.0**112), out=f)
-    # Codes with an all-ones exponent (inf, NaN) come out as finite values of
-    # magnitude >= 65536, which no finite float16 reaches: hand those to NumPy.
-    if not (f.max() < 65536.0 and f.min() > -65536.0):
+    # Codes with an all-ones exponent (inf, NaN) come out wrong (as finite
+    # values of magnitude >= 65536): hand those to NumPy. They are the largest
+    # codes of either sign: above 0x7BFF as int16, above 0xFBFF as uint16.
+    if signed.max() > 0x7BFF or h.view(np.uint16).max() > 0xFBFF:
         bad = ~(np.abs(f) < _F32(65536.0))
         f[bad] = h[bad].astype(_F32)
     return f
