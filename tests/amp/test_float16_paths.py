@@ -50,6 +50,17 @@ def test_roundings_fast_path_every_float16_neighbourhood():
     assert_rounds_like_astype(x)
 
 
+def test_roundings_fast_path_just_below_the_smallest_normal():
+    # Just below 2**-14 the fast rounding (relative) and float16's (absolute
+    # spacing 2**-24) meet: values that round up to 2**-14 are left alone,
+    # the rest are redone. A few such values among normal ones.
+    below = (np.uint32(0x38800000) - np.arange(1, 40, dtype=np.uint32) * np.uint32(512)).view(np.float32)
+    x = np.random.default_rng(8).standard_normal(40 * 64).astype(np.float32)
+    x[np.abs(x) < 2**-14] = 1.0
+    x[::64][:39] = below * np.where(np.arange(39) % 2, 1, -1).astype(np.float32)
+    assert_rounds_like_astype(x)
+
+
 def test_roundings_fast_path_with_overflow_inf_and_nan():
     x = _around_every_half(1.0)
     x = np.concatenate([x, np.array([65520.0, -7e4, np.inf, -np.inf, np.nan, 3e38], np.float32)])

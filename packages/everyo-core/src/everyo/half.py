@@ -77,7 +77,7 @@ _DENSE = 32  # more than 1 value in this many below 2**-14: take the general pat
 
 def _round_signed(x):
     """The fast rounding, by Veltkamp's splitting: with g = x * (2**13 + 1),
-    g + (x - g) is x rounded to 11 significant bits, ties to even, keeping x's
+    g - (g - x) is x rounded to 11 significant bits, ties to even, keeping x's
     sign. That is float16's rounding for every |x| in [2**-14, 65520) of both
     signs (checked against ``astype`` for each such float32; the tests check
     every float16's neighbourhood), and zeros stay zeros of their sign. Below
@@ -128,8 +128,8 @@ def _fix_special(out, x):
 
 
 def _exact_to_half(x):
-    """float32 array of float16 values (a max, a ReLU or a Rounded of float16
-    data; inf and NaN allowed) -> float16 array: no rounding to do, so only
+    """float32 array of float16 values (the max of float16 data, a Rounded's
+    values; inf and NaN allowed) -> float16 array: no rounding to do, so only
     the encoding, exact for subnormals and zeros too."""
     if x.size <= _SMALL:
         return x.astype(np.float16)
