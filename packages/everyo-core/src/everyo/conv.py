@@ -9,7 +9,8 @@ from numpy.lib.stride_tricks import as_strided
 
 from everyo import dispatch
 from everyo.dispatch import LOW_PRECISION
-from everyo.functional import Rounded, _exact_to_half, _float_to_half, _half_to_float, _mm, _rounded, _t, _up, takes_rounded
+from everyo.functional import _mm, _t
+from everyo.half import Rounded, _exact_to_half, _float_to_half, _half_to_float, _rounded, _up, takes_rounded
 from everyo.padding import _pair, output_size, resolve_padding2d
 from everyo.tensor import Tensor
 

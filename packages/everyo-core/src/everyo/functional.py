@@ -8,9 +8,7 @@ import numpy as np
 
 from everyo import dispatch
 from everyo.dispatch import FLOAT32, LOW_PRECISION
-from everyo.half import (  # noqa: F401 (conv.py uses them)
-    Rounded, _convert, _exact_to_half, _float_to_half, _half_to_float, _round_to_half, _rounded, _up, takes_rounded,
-)
+from everyo.half import Rounded, _convert, _float_to_half, _half_to_float, _rounded, _up, takes_rounded
 from everyo.tensor import Tensor
 
 __all__ = [
