@@ -4,13 +4,36 @@ Each op's output holds its parents and one closure that maps the output's
 gradient to the parents' gradients (micrograd's idea). ``backward`` sorts the
 graph once, iteratively (so a 1,000-step RNN cannot hit the recursion limit),
 runs the closures in reverse, accumulates into leaves' ``.grad`` and frees the
-graph as it goes.
+graph as it goes (unless ``retain_graph=True``).
+
+Hooks (PyTorch's names):
+
+* ``Tensor.register_hook(fn)``: ``fn(grad)`` sees a tensor's gradient once
+  it is complete for this pass and may return a replacement.
+* ``Tensor.register_post_accumulate_grad_hook(fn)``: ``fn(tensor)`` runs once
+  a leaf's ``.grad`` holds everything this pass adds to it. Leaves are reached
+  only after every op that uses them, so the call comes as early as possible;
+  a data-parallel wrapper starts communicating there, while the rest of the
+  backward pass still runs.
+* :func:`queue_callback`: from inside a backward pass, run ``fn()`` once that
+  pass has finished, just before ``backward()`` returns.
+
+Deferred gradients. A backward function may return, instead of an ndarray,
+an object with ``shape``, ``dtype`` and ``materialize() -> ndarray``: a
+gradient whose final array has not been built yet (a low-precision path may
+hand over values already rounded to the low-precision type but still held in
+a wider one, skipping a conversion down and back up). The engine passes such an object on unchanged to a backward
+function marked ``accepts_deferred = True`` when it already has the
+parent's dtype and shape, and calls ``materialize()`` everywhere else: for a
+leaf's or a retained ``.grad``, a hook, a sum of two gradients, and any other
+backward function. The engine knows nothing else about it.
 """
+import functools
 import threading
 
 import numpy as np
 
-from everyo.half import Rounded, _convert, _materialize
+from everyo.casting import convert
 
 _state = threading.local()
 
@@ -33,8 +56,6 @@ class _GradMode:
         return False
 
     def __call__(self, fn):
-        import functools
-
         @functools.wraps(fn)
         def wrapper(*args, **kwargs):
             with type(self)():
@@ -46,8 +67,12 @@ class _GradMode:
 class no_grad(_GradMode):
     """Context manager / decorator: ops inside record no graph.
 
-    >>> with eo.no_grad():
-    ...     y = model(x)          # y.requires_grad is False
+    Example:
+        >>> w = eo.tensor([1.0], requires_grad=True)
+        >>> with eo.no_grad():
+        ...     y = w * 2.0
+        >>> y.requires_grad
+        False
     """
 
     def __init__(self):
@@ -55,46 +80,103 @@ class no_grad(_GradMode):
 
 
 class enable_grad(_GradMode):
+    """Context manager / decorator: ops inside record a graph (inside ``no_grad`` too)."""
+
     def __init__(self):
         super().__init__(True)
 
 
-def _topological_order(root):
-    """Nodes reachable from ``root`` that take part in autograd, parents first."""
-    order, visited = [], set()
-    stack = [(root, False)]
+# --- hooks --------------------------------------------------------------------
+class RemovableHandle:
+    """Returned by the ``register_*hook`` methods; ``remove()`` unregisters the hook."""
+
+    __slots__ = ("_hooks", "_fn")
+
+    def __init__(self, hooks, fn):
+        self._hooks, self._fn = hooks, fn
+
+    def remove(self):
+        try:
+            self._hooks.remove(self._fn)
+        except ValueError:
+            pass  # already removed
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.remove()
+        return False
+
+
+def queue_callback(fn):
+    """Run ``fn()`` once the backward pass now running has finished.
+
+    Only callable from inside a backward pass (from a hook, typically); the
+    callbacks run in the order queued, after the last gradient is accumulated
+    and before ``backward()`` returns. A callback may queue further callbacks.
+
+    Example:
+        >>> x = eo.tensor([1.0, 2.0], requires_grad=True)
+        >>> done = []
+        >>> _ = x.register_hook(lambda g: eo.autograd.queue_callback(lambda: done.append(x.grad.copy())))
+        >>> (x * x).sum().backward()
+        >>> done[0]
+        array([2., 4.], dtype=float32)
+    """
+    stack = getattr(_state, "callbacks", None)
+    if not stack:
+        raise RuntimeError("queue_callback() can only be called during a backward pass (e.g. from a hook)")
+    stack[-1].append(fn)
+
+
+# --- the backward pass ------------------------------------------------------------
+def _dependencies(roots):
+    """For every node reachable from ``roots`` that takes part in autograd, how
+    many uses of it (edges from its consumers in this graph) must deliver their
+    gradient before its own gradient is complete."""
+    count, stack = {}, []
+    for root in roots:
+        if id(root) not in count:
+            count[id(root)] = 0
+            stack.append(root)
     while stack:
-        node, expanded = stack.pop()
-        if expanded:
-            order.append(node)
-            continue
-        if id(node) in visited:
-            continue
-        visited.add(id(node))
-        stack.append((node, True))
-        if node._parents:
-            for parent in node._parents:
-                if parent.requires_grad and id(parent) not in visited:
-                    stack.append((parent, False))
-    return order
+        node = stack.pop()
+        for parent in node._parents:
+            if parent.requires_grad:
+                key = id(parent)
+                if key in count:
+                    count[key] += 1
+                else:
+                    count[key] = 1
+                    stack.append(parent)
+    return count
+
+
+_ARRAYS = (np.ndarray, np.generic)
+
+
+def materialize(g):
+    """A gradient as an ndarray (a deferred gradient is built now)."""
+    return g if isinstance(g, _ARRAYS) else g.materialize()
 
 
 def _as_grad(grad, like):
     # The gradient of a tensor always has the tensor's own dtype and shape:
-    # a float16 operand gets a float16 gradient even when its consumer ran in
+    # a low-precision operand gets a gradient of its own dtype even when its consumer ran in
     # float32 (and vice versa). This is what makes casts honest.
-    if isinstance(grad, Rounded):  # float16 values, kept in float32 for the next op
-        if like.dtype == np.float16 and grad.shape == like.shape:
-            return grad
-        grad = grad.half()
+    if not isinstance(grad, _ARRAYS):
+        if grad.dtype == like.dtype and grad.shape == like.shape:
+            return grad  # deferred, already in the right dtype and shape
+        grad = grad.materialize()
     if grad.dtype != like.dtype:
-        grad = _convert(grad, like.dtype)
+        grad = convert(grad, like.dtype)
     if grad.shape != like.shape:
         grad = np.broadcast_to(grad, like.shape)
     return grad
 
 
-def backward(root, grad=None):
+def _seed(root, grad):
     if not root.requires_grad:
         raise RuntimeError(
             "backward() called on a tensor that does not require grad "
@@ -106,47 +188,145 @@ def backward(root, grad=None):
                 f"backward() without an explicit gradient needs a scalar output; got shape "
                 f"{root.data.shape}. Reduce it first (e.g. loss.mean()) or pass grad=."
             )
-        grad = np.ones_like(root.data)
-    else:
-        grad = np.asarray(getattr(grad, "data", grad))
-        if grad.shape != root.data.shape:
-            raise ValueError(f"backward(grad=) has shape {grad.shape}, expected {root.data.shape}")
-    order = _topological_order(root)
-    grads = {id(root): _as_grad(grad, root.data)}
-    while order:
-        # Popping (rather than iterating) drops our reference to each node as
-        # soon as it is done, so activations are freed during the backward
-        # pass instead of all at once at the end (fewer fresh pages to fault in).
-        node = order.pop()
-        g = grads.pop(id(node), None)
-        if g is None:
-            continue
-        if node._backward is None:  # a leaf
-            _accumulate_leaf(node, _materialize(g))
-            continue
-        if node._retain:
-            g = _materialize(g)
-            _accumulate_leaf(node, g)
-        elif isinstance(g, Rounded) and not getattr(node._backward, "takes_rounded", False):
-            g = g.half()
-        parent_grads = node._backward(g)
-        parents = node._parents
-        # Free the graph as we go: activations saved by the closure go now.
-        node._backward = _freed
-        node._parents = ()
-        for parent, pg in zip(parents, parent_grads):
-            if pg is None or not parent.requires_grad:
+        return np.ones_like(root.data)
+    grad = np.asarray(getattr(grad, "data", grad))
+    if grad.shape != root.data.shape:
+        raise ValueError(f"backward(grad=) has shape {grad.shape}, expected {root.data.shape}")
+    return _as_grad(grad, root.data)
+
+
+def _run(roots, seeds, retain_graph, capture=None):
+    """The engine. Without ``capture`` it accumulates into leaves' ``.grad``;
+    with ``capture`` (a dict id(tensor) -> slot) it only fills the slots."""
+    grads = {}
+    for root, g in zip(roots, seeds):
+        key = id(root)
+        grads[key] = g if key not in grads else materialize(grads[key]) + g
+    pending = _dependencies(roots)
+    # A node runs once every use of it has delivered its gradient (Kahn's
+    # order). Ready nodes are a stack, so a leaf runs -- and its
+    # post-accumulate hooks fire -- as soon as its last use is done, not at
+    # the end of the pass: that is what lets communication overlap backward.
+    ready = [root for root in reversed(roots) if pending[id(root)] == 0]
+    results = {} if capture is not None else None
+    stack = getattr(_state, "callbacks", None)
+    if stack is None:
+        stack = _state.callbacks = []
+    stack.append([])
+    try:
+        while ready:
+            node = ready.pop()
+            g = grads.pop(id(node), None)
+            if g is None:  # no use delivered a gradient: nor will this node
+                _release(node._parents, pending, ready)
                 continue
-            pg = _as_grad(pg, parent.data)
+            if node._hooks:
+                g = materialize(g)
+                for hook in list(node._hooks):
+                    replaced = hook(g)
+                    if replaced is not None:
+                        g = _as_grad(np.asarray(getattr(replaced, "data", replaced)), node.data)
+            if capture is not None and id(node) in capture:
+                results[id(node)] = materialize(g)
+            if node._backward is None:  # a leaf
+                if capture is None:
+                    _accumulate_leaf(node, materialize(g))
+                continue
+            if node._retain and capture is None:
+                g = materialize(g)
+                _accumulate_leaf(node, g)
+            elif not isinstance(g, _ARRAYS) and not getattr(node._backward, "accepts_deferred", False):
+                g = g.materialize()
+            parent_grads = node._backward(g)
+            parents = node._parents
+            if not retain_graph:
+                # Free the graph as we go: activations saved by the closure go now.
+                node._backward = _freed
+                node._parents = ()
+            del node
+            for parent, pg in zip(parents, parent_grads):
+                if not parent.requires_grad:
+                    continue
+                key = id(parent)
+                if pg is not None:
+                    pg = _as_grad(pg, parent.data)
+                    prev = grads.get(key)
+                    grads[key] = pg if prev is None else materialize(prev) + materialize(pg)
+                pending[key] -= 1
+                if pending[key] == 0:
+                    ready.append(parent)
+        callbacks = stack[-1]
+        while callbacks:
+            callbacks.pop(0)()
+    finally:
+        stack.pop()
+    return results
+
+
+def _release(parents, pending, ready):
+    for parent in parents:
+        if parent.requires_grad:
             key = id(parent)
-            prev = grads.get(key)
-            grads[key] = pg if prev is None else _materialize(prev) + _materialize(pg)
+            pending[key] -= 1
+            if pending[key] == 0:
+                ready.append(parent)
+
+
+def backward(root, grad=None, retain_graph=False):
+    """Accumulate d(root)/d(leaf) into every leaf's ``.grad`` (see ``Tensor.backward``)."""
+    _run([root], [_seed(root, grad)], retain_graph)
+
+
+def grad(outputs, inputs, grad_outputs=None, retain_graph=False, allow_unused=False):
+    """Gradients of ``outputs`` with respect to ``inputs``, returned, not accumulated.
+
+    Args:
+        outputs: a Tensor or a sequence of Tensors (scalars, unless
+            ``grad_outputs`` gives their gradients).
+        inputs: a Tensor or a sequence of Tensors that ``outputs`` depend on
+            (leaves or intermediate results).
+        grad_outputs: optional gradients of ``outputs`` (same shapes).
+        retain_graph: keep the graph for another backward pass.
+        allow_unused: return ``None`` for an input the outputs do not depend
+            on, instead of raising.
+
+    Returns a tuple of arrays, one per input. No ``.grad`` is changed.
+
+    Example:
+        >>> x = eo.tensor([1.0, 2.0], requires_grad=True)
+        >>> (dx,) = eo.grad((x * x).sum(), x)
+        >>> dx
+        array([2., 4.], dtype=float32)
+    """
+    from everyo.tensor import Tensor
+
+    outputs = [outputs] if isinstance(outputs, Tensor) else list(outputs)
+    inputs = [inputs] if isinstance(inputs, Tensor) else list(inputs)
+    if grad_outputs is None:
+        grad_outputs = [None] * len(outputs)
+    elif isinstance(grad_outputs, (Tensor, np.ndarray)):
+        grad_outputs = [grad_outputs]
+    if len(grad_outputs) != len(outputs):
+        raise ValueError(f"grad: {len(outputs)} outputs but {len(grad_outputs)} grad_outputs")
+    for i, t in enumerate(inputs):
+        if not isinstance(t, Tensor) or not t.requires_grad:
+            raise ValueError(f"grad: input {i} does not require grad, so it has no gradient")
+    seeds = [_seed(o, g) for o, g in zip(outputs, grad_outputs)]
+    found = _run(outputs, seeds, retain_graph, capture={id(t): i for i, t in enumerate(inputs)})
+    result = []
+    for i, t in enumerate(inputs):
+        g = found.get(id(t))
+        if g is None and not allow_unused:
+            raise ValueError(f"grad: input {i} (shape {t.data.shape}) is not used by the outputs; pass allow_unused=True")
+        result.append(None if g is None else np.array(g, dtype=t.data.dtype, copy=True))
+    return tuple(result)
 
 
 def _freed(grad):
     raise RuntimeError(
         "Trying to backward through part of a graph a second time: its saved "
-        "values were freed by the first backward(). Recompute the forward pass."
+        "values were freed by the first backward(). Recompute the forward pass, or "
+        "pass retain_graph=True to the first backward()."
     )
 
 
@@ -156,3 +336,6 @@ def _accumulate_leaf(node, g):
         node.grad = np.array(g, dtype=node.data.dtype, copy=True)
     else:
         node.grad = node.grad + g
+    if node._post_hooks:
+        for hook in list(node._post_hooks):
+            hook(node)

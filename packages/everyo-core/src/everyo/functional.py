@@ -8,7 +8,8 @@ import numpy as np
 
 from everyo import dispatch
 from everyo.dispatch import FLOAT32, LOW_PRECISION
-from everyo.half import Rounded, _convert, _float_to_half, _half_to_float, _rounded, _up, takes_rounded
+from everyo.casting import convert as _convert
+from everyo.half import Rounded, _float_to_half, _half_to_float, _rounded, _up, takes_rounded
 from everyo.tensor import Tensor
 
 __all__ = [

@@ -202,9 +202,10 @@ class Rounded:
     skips the trip: ``f32`` holds exactly the float16 values (made by
     :func:`_round_to_half`), so the numerics are float16's, only the storage
     differs. Autograd turns it into a real float16 array (exactly, via
-    :meth:`half`) wherever one is needed: a leaf's or a retained ``.grad``, a
-    sum of two gradients, and any backward function without
-    ``takes_rounded = True``.
+    :meth:`materialize`) wherever one is needed: a leaf's or a retained
+    ``.grad``, a sum of two gradients, and any backward function not marked
+    with :func:`takes_rounded`. This is autograd's dtype-agnostic
+    deferred-gradient protocol (``shape``, ``dtype``, ``materialize()``).
     """
 
     __slots__ = ("f32",)
@@ -217,7 +218,8 @@ class Rounded:
     def shape(self):
         return self.f32.shape
 
-    def half(self):
+    def materialize(self):
+        """The float16 array (exact: the values already are float16's)."""
         return _exact_to_half(self.f32)
 
 
@@ -231,21 +233,8 @@ def _up(g):
     return g.f32 if isinstance(g, Rounded) else _half_to_float(g)
 
 
-def _materialize(g):
-    """A gradient as an ndarray (a :class:`Rounded` becomes float16)."""
-    return g.half() if isinstance(g, Rounded) else g
-
-
 def takes_rounded(fn):
-    """Mark a backward function as accepting a :class:`Rounded` gradient."""
-    fn.takes_rounded = True
+    """Mark a backward function as accepting a :class:`Rounded` gradient
+    (autograd's deferred-gradient protocol: ``accepts_deferred``)."""
+    fn.accepts_deferred = True
     return fn
-
-
-def _convert(arr, dtype):
-    """``arr.astype(dtype)`` with the fast exact paths between float16 and float32."""
-    if arr.dtype == np.float16 and dtype == np.float32:
-        return _half_to_float(arr)
-    if arr.dtype == np.float32 and dtype == np.float16:
-        return _float_to_half(arr)
-    return arr.astype(dtype)

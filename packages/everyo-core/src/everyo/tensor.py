@@ -27,7 +27,8 @@ class Tensor:
         array([[2., 4.]], dtype=float32)
     """
 
-    __slots__ = ("data", "grad", "requires_grad", "_parents", "_backward", "_retain", "__weakref__")
+    __slots__ = ("data", "grad", "requires_grad", "_parents", "_backward", "_retain", "_hooks", "_post_hooks",
+                 "__weakref__")
     __array_priority__ = 1000  # ndarray (op) Tensor defers to Tensor's reflected op
 
     def __init__(self, data, requires_grad=False, dtype=None):
@@ -39,6 +40,7 @@ class Tensor:
         self._parents = ()
         self._backward = None
         self._retain = False
+        self._hooks = self._post_hooks = ()
 
     # --- construction from an op ---------------------------------------
     @staticmethod
@@ -48,6 +50,7 @@ class Tensor:
         out.data = data
         out.grad = None
         out._retain = False
+        out._hooks = out._post_hooks = ()
         if autograd.is_grad_enabled() and any(p.requires_grad for p in parents):
             out.requires_grad = True
             out._parents = parents
@@ -98,9 +101,37 @@ class Tensor:
         return f"tensor({body}, dtype={self.dtype}{extra})"
 
     # --- autograd ------------------------------------------------------
-    def backward(self, grad=None):
-        """Accumulate d(self)/d(leaf) into every leaf's ``.grad``; frees the graph."""
-        autograd.backward(self, grad)
+    def backward(self, grad=None, retain_graph=False):
+        """Accumulate d(self)/d(leaf) into every leaf's ``.grad``.
+
+        Args:
+            grad: the gradient of ``self`` (needed unless ``self`` has one element).
+            retain_graph: keep the graph, so that backward can run through it
+                again; by default it is freed as the pass goes.
+        """
+        autograd.backward(self, grad, retain_graph)
+
+    def register_hook(self, fn):
+        """Call ``fn(grad)`` with this tensor's gradient (an ndarray) each time a
+        backward pass has computed it; a return value other than None replaces
+        the gradient. Returns a handle whose ``remove()`` unregisters ``fn``."""
+        if not self.requires_grad:
+            raise RuntimeError("register_hook: this tensor does not require grad, so it never gets a gradient")
+        if not self._hooks:
+            self._hooks = []
+        self._hooks.append(fn)
+        return autograd.RemovableHandle(self._hooks, fn)
+
+    def register_post_accumulate_grad_hook(self, fn):
+        """Call ``fn(tensor)`` once this leaf's ``.grad`` holds everything the
+        current backward pass adds to it (a data-parallel wrapper starts its
+        all-reduce there). Returns a handle whose ``remove()`` unregisters ``fn``."""
+        if not self.requires_grad or not self.is_leaf:
+            raise RuntimeError("register_post_accumulate_grad_hook: only leaves that require grad accumulate a .grad")
+        if not self._post_hooks:
+            self._post_hooks = []
+        self._post_hooks.append(fn)
+        return autograd.RemovableHandle(self._post_hooks, fn)
 
     def retain_grad(self):
         """Keep this non-leaf tensor's gradient in ``.grad`` after backward()."""
