@@ -12,6 +12,13 @@ import statistics
 import sys
 import time
 
+import everyo
+
+# Benchmarks time training loops, which opt in to the malloc tuning as training
+# scripts may (importing everyo leaves malloc alone). bench_allocator.py sets
+# EVERYO_BENCH_DEFAULT_MALLOC=1 in a child process to measure glibc's defaults.
+MALLOC_TUNED = os.environ.get("EVERYO_BENCH_DEFAULT_MALLOC") != "1" and everyo.tune_allocator()
+
 
 def blas_info() -> str:
     """BLAS library, version and thread count NumPy uses, as one line."""
@@ -41,6 +48,11 @@ def blas_info() -> str:
 
 
 def machine_info() -> str:
+    """One line: cores, CPU, Python, NumPy, and whether malloc is tuned."""
+    return _machine_info() + (", malloc tuned (eo.tune_allocator)" if MALLOC_TUNED else ", malloc defaults")
+
+
+def _machine_info() -> str:
     """Cores, Python, NumPy version and OPENBLAS_CORETYPE (if set), as one line."""
     import numpy as np
 

@@ -9,7 +9,7 @@ when the add-on is installed.
 # this package's namespace. Must stay the first statement.
 __path__ = __import__("pkgutil").extend_path(__path__, __name__)
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 from everyo.errors import (  # noqa: E402
     EveryOError,
@@ -31,9 +31,7 @@ from everyo.nn import *  # noqa: E402,F401,F403
 from everyo.optim import SGD, Adam, AdamW, clip_grad_norm  # noqa: E402
 from everyo.data import DataLoader  # noqa: E402
 from everyo.io import save, load  # noqa: E402
-from everyo import _allocator  # noqa: E402
-
-_allocator.tune()
+from everyo._allocator import tune_allocator  # noqa: E402
 
 # name -> (module, distribution extra). Resolved on first attribute access
 # (PEP 562) so that importing core never imports an add-on.

@@ -1,21 +1,20 @@
-"""Keep activation-sized allocations in the heap (glibc only).
+"""Opt-in malloc tuning for training loops (glibc only): ``eo.tune_allocator()``.
 
 A training step allocates the same few megabyte-sized activations and
 gradients every iteration and frees them together at the end of backward().
-With glibc's defaults, arrays above the dynamic mmap threshold get fresh
-pages from the kernel, and a large free block at the top of the heap is
-trimmed back to the OS, so the next step faults every page in again.
-Measured on the spec's MLP (60 steps): 219,000 minor page faults against
-20,000 for hand-written NumPy, and 1.6x its time. Raising the two thresholds
-once makes those arrays reuse heap memory: the same run then takes about the
-hand-written NumPy time.
+With glibc's defaults, a large free block at the top of the heap is trimmed
+back to the OS and arrays above the mmap threshold get fresh pages from the
+kernel, so the next step faults its pages in again. Measured on the spec's MLP
+(60 steps, 0.1): 219,000 minor page faults against 20,000 for hand-written
+NumPy, and 1.6x its time. Raising the two thresholds makes those arrays reuse
+heap memory.
 
-The change is process-wide, affects only when freed memory is returned to the
-OS (at most ``_TRIM`` bytes are kept), and is skipped when
-``EVERYO_MALLOC_TUNING=0`` or when the C library is not glibc.
+The change is process-wide: freed memory (up to ``_TRIM`` bytes) is kept by
+the process instead of being returned to the OS, which a notebook or an
+inference service may not want. So importing everyo never does it; a training
+script (the benchmarks do) calls :func:`tune_allocator` once, explicitly.
 """
 import ctypes
-import os
 import sys
 
 _M_TRIM_THRESHOLD = -1
@@ -26,10 +25,20 @@ _TRIM = 256 * 1024 * 1024
 tuned = False
 
 
-def tune():
-    """Raise glibc's mmap and trim thresholds; returns whether it was applied."""
+def tune_allocator():
+    """Raise glibc's mmap threshold to 32 MiB and its trim threshold to 256 MiB.
+
+    Process-wide and irreversible for the process: call it once at the start of
+    a training script, never from library code. Returns whether it was applied
+    (False on other C libraries and operating systems, where it does nothing).
+
+    Example, at the top of a training script::
+
+        import everyo as eo
+        eo.tune_allocator()
+    """
     global tuned
-    if tuned or os.environ.get("EVERYO_MALLOC_TUNING", "1") == "0" or not sys.platform.startswith("linux"):
+    if tuned or not sys.platform.startswith("linux"):
         return tuned
     try:
         # The running process's own symbols: no ctypes.util.find_library,

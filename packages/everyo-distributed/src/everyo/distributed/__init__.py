@@ -6,6 +6,7 @@ backends (``everyo.distributed_tcp``, ``everyo.distributed_mpi``) implement the
 same :class:`ProcessGroup` interface and reuse its collective protocol
 (:class:`CollectiveRecord`, :func:`check_records`, :func:`reduce_in_rank_order`).
 """
+from everyo.distributed._version import __version__  # noqa: F401
 from everyo.errors import EveryODistributedError
 from everyo.distributed.group import (
     ProcessGroup,

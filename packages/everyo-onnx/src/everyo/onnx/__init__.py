@@ -6,6 +6,7 @@
 Importing this package does not import onnx or onnxruntime: ``onnx_available``
 must work without them, and each function imports what it needs.
 """
+from everyo.onnx._version import __version__  # noqa: F401
 from everyo.onnx.export import DEFAULT_OPSET, MIN_OPSET, build_model, export_onnx
 from everyo.onnx.runtime import onnx_available, run_onnx
 

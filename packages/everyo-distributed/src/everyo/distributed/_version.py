@@ -1,0 +1,2 @@
+"""The version of this distribution (Hatch reads it from here)."""
+__version__ = "0.2.0"
