@@ -88,3 +88,46 @@ def check_module_gradients(module, *inputs, loss=None, **kwargs):
         return loss(out) if loss is not None else out
 
     return check_gradients(fn, inputs, params, name=type(module).__name__, **kwargs)
+
+
+def run_docstring_examples(package, *, skip=()):
+    """Run every ``>>>`` example in the docstrings of ``package``'s modules.
+
+    Each package's test cell calls this for its own modules (``"everyo"`` for
+    core, which covers only core's modules, ``"everyo.amp"``, ...), so a
+    docstring example that stops working fails the tests. Examples see ``eo``
+    (everyo) and ``np`` (NumPy) without importing them; NumPy prints in its
+    legacy-free default style.
+
+    Args:
+        package: the dotted name of a package (or module).
+        skip: dotted module names not to run (for example, modules of another
+            distribution that share the ``everyo`` namespace).
+
+    Returns ``(attempted, failures)``: the number of examples run and a list of
+    ``"module: failure report"`` strings, empty when every example passed.
+    """
+    import doctest
+    import importlib
+    import pkgutil
+
+    import everyo
+
+    root = importlib.import_module(package)
+    names = [package]
+    if hasattr(root, "__path__"):
+        names += [info.name for info in pkgutil.walk_packages(root.__path__, package + ".")]
+    finder = doctest.DocTestFinder(exclude_empty=True)
+    attempted, failures = 0, []
+    for name in sorted(set(names)):
+        if any(name == s or name.startswith(s + ".") for s in skip):
+            continue
+        module = importlib.import_module(name)
+        for test in finder.find(module, name, globs={"eo": everyo, "np": np}):
+            runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
+            report = []
+            result = runner.run(test, out=report.append)
+            attempted += result.attempted
+            if result.failed:
+                failures.append(f"{test.name}:\n" + "".join(report))
+    return attempted, failures
