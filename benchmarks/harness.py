@@ -127,6 +127,58 @@ def print_table(title: str, headers, rows, file=None) -> None:
     for row in cells:
         print(line(row), file=file)
     print(file=file)
+    if "--plot" in sys.argv:
+        plot_ratios(title, headers, rows)
+
+
+_plots_written = 0
+
+
+def plot_ratios(title: str, headers, rows, directory=None):
+    """Write a bar chart of the table's ratio columns (the benchmarks' ``--plot``).
+
+    Every column whose header contains "ratio" (or ends in "/") is drawn, one
+    group of bars per row, with a line at 1.0; the PNG goes to
+    ``benchmarks/plots/<script>-<n>.png``. Needs matplotlib (the bench
+    environment has it); without it a note is printed instead.
+    """
+    global _plots_written
+    columns = [i for i, h in enumerate(headers) if "ratio" in str(h).lower() or str(h).endswith("/")]
+    columns = [i for i in columns if rows and all(isinstance(r[i], (int, float)) for r in rows)]
+    if not columns:
+        return None
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("--plot: matplotlib is not installed (pip install matplotlib); no chart written")
+        return None
+    from pathlib import Path
+
+    out_dir = Path(directory) if directory else Path(__file__).resolve().parent / "plots"
+    out_dir.mkdir(exist_ok=True)
+    _plots_written += 1
+    path = out_dir / f"{Path(sys.argv[0]).stem}-{_plots_written}.png"
+    labels = [str(r[0]) for r in rows]
+    fig, ax = plt.subplots(figsize=(9, 0.5 + 0.45 * len(rows) * len(columns) + 1))
+    height = 0.8 / len(columns)
+    for k, i in enumerate(columns):
+        ys = [j + k * height for j in range(len(rows))]
+        ax.barh(ys, [float(r[i]) for r in rows], height=height, label=str(headers[i]))
+    ax.set_yticks([j + height * (len(columns) - 1) / 2 for j in range(len(rows))], labels, fontsize=8)
+    ax.invert_yaxis()
+    ax.axvline(1.0, color="black", linewidth=0.8)
+    ax.set_xlabel("ratio (1.0 = same time)")
+    ax.set_title(title, fontsize=9)
+    if len(columns) > 1:
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    print(f"--plot: wrote {path}")
+    return path
 
 
 if __name__ == "__main__":
