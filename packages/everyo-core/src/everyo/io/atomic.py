@@ -7,6 +7,7 @@ exists and is not a regular file (``/dev/null``, a FIFO, a device, or a
 symlink to one) cannot be replaced that way without destroying it, so it is
 written through directly, exactly like ``open(path, "wb")``.
 """
+import io
 import os
 import re
 import secrets
@@ -57,6 +58,33 @@ def remove_stale_temporaries(folder, name):
             pass
 
 
+class _StreamOnly:
+    """A write-only view of an open file, with no ``tell``/``seek``.
+
+    ``/dev/null`` claims to be seekable and always says position 0, which
+    makes zipfile (``np.savez``) write a broken directory or fail; without
+    ``tell`` zipfile streams, as a FIFO or a device needs.
+    """
+
+    def __init__(self, f):
+        self._f = f
+
+    def write(self, data):
+        return self._f.write(data)
+
+    def flush(self):
+        self._f.flush()
+
+    def read(self, size=-1):  # np.savez only accepts objects that have one
+        raise io.UnsupportedOperation(f"{self._f.name} is opened for writing only")
+
+    def writable(self):
+        return True
+
+    def seekable(self):
+        return False
+
+
 def _fsync_folder(folder):
     try:
         fd = os.open(folder, os.O_RDONLY)
@@ -103,7 +131,7 @@ def atomic_write(path, write):
         raise IsADirectoryError(f"cannot write {path!r}: it is a folder; give a file name inside it")
     if info is not None and not stat.S_ISREG(info.st_mode):
         with open(path, "wb") as f:
-            write(f)
+            write(_StreamOnly(f))
         return
     target = os.path.realpath(path) if os.path.islink(path) else path
     folder = os.path.dirname(os.path.abspath(target))
