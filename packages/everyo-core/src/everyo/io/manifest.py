@@ -132,12 +132,17 @@ def check_shape(value, fail, where):
     return tuple(value)
 
 
+def _refuse_constant(word):
+    # eo.save writes NaN and infinities as "float" nodes, never as JSON's non-standard constants.
+    raise ValueError(f"non-standard JSON constant {word}")
+
+
 def parse(raw, fail):
     """Validate the manifest bytes; returns ``(version, tree, specs)`` where
     ``specs`` lists the :class:`ArraySpec` of every array, by member index.
     ``fail(message)`` raises the caller's error."""
     try:
-        meta = json.loads(raw.decode("utf-8"))
+        meta = json.loads(raw.decode("utf-8"), parse_constant=_refuse_constant)
     except RecursionError:
         fail("the manifest is nested too deeply")
     except (UnicodeDecodeError, ValueError) as exc:
@@ -186,7 +191,7 @@ def _check_node(node, version, specs, fail, where, depth):
         if keys != {"t", "v"} or type(node["v"]) not in (type(None), bool, int, float, str):
             fail(f"the manifest's value node for {where} is malformed")
     elif kind == "float":
-        if keys != {"t", "v"} or node["v"] not in _FLOAT_WORDS:
+        if keys != {"t", "v"} or not isinstance(node["v"], str) or node["v"] not in _FLOAT_WORDS:
             fail(f"the manifest's float node for {where} is malformed")
     elif kind in ("dict", "list", "tuple"):
         items = node.get("items")
