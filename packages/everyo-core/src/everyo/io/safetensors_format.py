@@ -83,7 +83,8 @@ def _spec(safetensors, name, array, keep_alive):
         )
     if array.dtype.byteorder == ">":
         array = array.astype(array.dtype.newbyteorder("<"))
-    array = np.ascontiguousarray(array)
+    if not array.flags.c_contiguous:
+        array = array.copy(order="C")  # (np.ascontiguousarray would turn a 0-d array into 1-d)
     keep_alive.append(array)
     return safetensors.TensorSpec(dtype=code, shape=array.shape, data_ptr=array.ctypes.data, data_len=array.nbytes)
 
