@@ -116,6 +116,9 @@ def test_missing_and_foreign_files(tmp_path):
     (tmp_path / "renamed.safetensors").write_bytes(npz.read_bytes())
     with pytest.raises(eo.EveryOSerializationError, match="renamed.safetensors.*not a safetensors file"):
         eo.load(tmp_path / "renamed.safetensors")
+    (tmp_path / "weights.bin").write_bytes((tmp_path / "n.safetensors").read_bytes())
+    with pytest.raises(eo.EveryOSerializationError, match="weights.bin.*looks like a safetensors file"):
+        eo.load(tmp_path / "weights.bin")
 
 
 _ORIGINAL = {}

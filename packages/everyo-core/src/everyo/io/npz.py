@@ -71,6 +71,9 @@ def _read(f, path, fail):
     f.seek(0)
     if head.startswith(_NPY_MAGIC):
         fail("it is a plain NumPy .npy file, not an EveryO checkpoint; read it with np.load(path, allow_pickle=False)")
+    if head[:1] != b"P" and f.read(9)[8:9] == b"{":  # safetensors: 8-byte length, then a JSON header
+        fail("it looks like a safetensors file; give it a .safetensors name so eo.load reads it as one")
+    f.seek(0)
     if not zipfile.is_zipfile(f):
         fail("the file is truncated, corrupt or not an EveryO checkpoint (it is not a zip archive)")
     f.seek(0)
