@@ -120,7 +120,7 @@ def load_torch_state_dict(module, path, *, transpose_linear=True, strict=True):
                                   f"the file has {value.shape}{how}")
                 continue
             converted[key] = value
-    unexpected = [k for k in tensors if k not in used and k.rsplit(".", 1)[-1] not in _IGNORED_BUFFERS]
+    unexpected = sorted(k for k in tensors if k not in used and k.rsplit(".", 1)[-1] not in _IGNORED_BUFFERS)
     problems = []
     if missing and strict:
         problems.append(f"missing keys {missing}")
