@@ -113,3 +113,13 @@ def test_a_mapping_of_arrays_is_accepted():
 
 def test_fixtures_are_small():
     assert sum(os.path.getsize(os.path.join(HERE, f)) for f in os.listdir(HERE)) < 200_000
+
+
+def test_transpose_linear_false_reads_everyo_layout(tmp_path):
+    # A file in EveryO's own (in, out) layout, e.g. written by eo.save from an EveryO model.
+    source = eo.Sequential(eo.Linear(5, 8, seed=0), eo.ReLU(), eo.Linear(8, 3, seed=1))
+    eo.save(source.state_dict(), tmp_path / "everyo.safetensors")
+    target = eo.Sequential(eo.Linear(5, 8, seed=2), eo.ReLU(), eo.Linear(8, 3, seed=3))
+    eo.load_torch_state_dict(target, tmp_path / "everyo.safetensors", transpose_linear=False)
+    x = RECORD["mlp.input"]
+    assert np.array_equal(target(x).data, source(x).data)
