@@ -7,7 +7,8 @@ saved once per format; then, round after round and interleaved (these
 machines flip between fast and slow states), it times ``eo.load`` of the
 .npz (our reader: every size checked before reading), ``np.load`` of the
 same file reading every array (the unchecked baseline EveryO 0.1 used),
-``eo.load`` of a .safetensors file, and one ``eo.save`` per format. The table
+``eo.load`` of a .safetensors file beside safetensors' own ``load_file``,
+and one ``eo.save`` per format. The table
 gives medians and the median of the per-round ratios to ``np.load``.
 """
 import argparse
@@ -62,6 +63,9 @@ def main():
     if st:
         cases["eo.load .safetensors"] = lambda: eo.load(st)
         cases["eo.save .safetensors"] = lambda: eo.save(state, st)
+        from safetensors.numpy import load_file
+
+        cases["safetensors load_file"] = lambda: load_file(st)
     times = {name: [] for name in cases}
     for _ in range(args.rounds):
         for name, fn in cases.items():

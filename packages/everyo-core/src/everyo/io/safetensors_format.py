@@ -12,6 +12,7 @@ text metadata, so nothing comes back with a different type; save those in an
 without core importing ml_dtypes.
 """
 import json
+import math
 import os
 import struct
 
@@ -106,37 +107,48 @@ def write(state, path):
 # --- loading --------------------------------------------------------------------
 def read_flat(path):
     """``(tensors, metadata)``: name -> array in file order, and the text metadata (or {})."""
+    path = os.fspath(path)
     safetensors = _package(path, "loading")
 
     def fail(what):
         raise EveryOSerializationError(f"cannot load safetensors file {path}: {what}")
 
+    if not os.path.exists(path):
+        raise EveryOSerializationError(f"safetensors file {path} does not exist")
+    try:
+        # safe_open checks the header against the file: offsets contiguous, sizes equal to
+        # dtype x shape, the whole file covered. Reading then needs no trust in it.
+        with safetensors.safe_open(path, framework="numpy") as handle:
+            metadata = handle.metadata() or {}
+    except Exception as exc:  # the Rust parser raises SafetensorError, or OSError/ValueError through PyO3
+        fail(f"the file is truncated, corrupt or not a safetensors file ({type(exc).__name__}: {exc})")
+    tensors = {}
     try:
         with open(path, "rb") as f:
-            data = f.read()
-    except FileNotFoundError:
-        raise EveryOSerializationError(f"safetensors file {path} does not exist") from None
-    except OSError as exc:
-        raise EveryOSerializationError(f"cannot open safetensors file {path}: {exc}") from None
-    try:
-        entries = safetensors.deserialize(data)
-    except Exception as exc:  # the Rust parser raises SafetensorError, or ValueError/OverflowError from PyO3
-        fail(f"the file is truncated, corrupt or not a safetensors file ({type(exc).__name__}: {exc})")
-    # deserialize has validated the header; it gives no metadata, so read that part directly.
-    (length,) = struct.unpack("<Q", data[:8])
-    header = json.loads(data[8:8 + length])
-    metadata = header.get("__metadata__") or {}
-    tensors = {}
-    for name, info in entries:
-        code = info["dtype"]
-        if code not in _CODES:
-            fail(f"tensor {name!r} has dtype {code}, which EveryO does not read")
-        stored = manifest.storage_dtype(_CODES[code])
-        array = np.frombuffer(info["data"], dtype=stored).reshape(info["shape"])
-        if code == "BF16":
-            array = _bfloat16(array, path)
-        tensors[name] = array
+            (length,) = struct.unpack("<Q", f.read(8))
+            header = json.loads(f.read(length))
+            for name, info in header.items():
+                if name != "__metadata__":
+                    tensors[name] = _read_tensor(f, 8 + length, name, info, fail, path)
+    except (OSError, ValueError, struct.error) as exc:  # the file changed since it was checked
+        fail(f"the file changed while it was read ({type(exc).__name__}: {exc})")
     return tensors, metadata
+
+
+def _read_tensor(f, base, name, info, fail, path):
+    code, shape, (start, end) = info["dtype"], info["shape"], info["data_offsets"]
+    if code not in _CODES:
+        fail(f"tensor {name!r} has dtype {code}, which EveryO does not read")
+    stored = manifest.storage_dtype(_CODES[code])
+    count = math.prod(shape)
+    if end - start != count * stored.itemsize:
+        fail(f"tensor {name!r} has {end - start} bytes for shape {shape} of {code}")
+    f.seek(base + start)
+    array = np.fromfile(f, dtype=stored, count=count)
+    if array.size != count:
+        fail(f"tensor {name!r} ends early (truncated)")
+    array = array.reshape(shape)
+    return _bfloat16(array, path) if code == "BF16" else array
 
 
 def _bfloat16(bits, path):
