@@ -31,6 +31,7 @@ from everyo.nn import *  # noqa: E402,F401,F403
 from everyo.optim import SGD, Adam, AdamW, clip_grad_norm  # noqa: E402
 from everyo.data import DataLoader  # noqa: E402
 from everyo.io import save, load  # noqa: E402
+from everyo.io import load_torch_state_dict  # noqa: E402
 from everyo._allocator import tune_allocator  # noqa: E402
 
 # name -> (module, distribution extra). Resolved on first attribute access
