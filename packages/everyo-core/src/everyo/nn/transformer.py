@@ -17,6 +17,7 @@ adds cross-attention over ``memory`` between the two, with its own norm.
 import numpy as np
 
 from everyo import functional as F
+from everyo.activations import gelu
 from everyo.nn.activation import Dropout
 from everyo.nn.attention import MultiHeadAttention
 from everyo.nn.linear import Linear
@@ -25,7 +26,7 @@ from everyo.nn.normalization import LayerNorm
 
 __all__ = ["TransformerEncoderLayer", "TransformerDecoderLayer", "TransformerEncoder", "TransformerDecoder"]
 
-_ACTIVATIONS = {"relu": F.relu}
+_ACTIVATIONS = {"relu": F.relu, "gelu": gelu}
 
 
 class _Block(Module):
@@ -77,7 +78,7 @@ class TransformerEncoderLayer(_Block):
         dim_feedforward: hidden width of the feed-forward part (PyTorch's default 2048).
         dropout: dropout after attention, in the feed-forward part and on its
             output, and on the attention weights (train mode only).
-        activation: ``'relu'`` or a callable on Tensors.
+        activation: ``'relu'``, ``'gelu'`` (exact, erf) or a callable on Tensors.
         layer_norm_eps: LayerNorm's epsilon.
         norm_first: pre-norm (True) or post-norm (False, default).
         seed: makes every initialisation and dropout mask reproducible.
