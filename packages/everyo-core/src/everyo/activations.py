@@ -47,8 +47,11 @@ def _unary(a, forward, derivative):
 
 
 def _sigmoid(x):
-    # exp(-log(1 + exp(-x))) never overflows, for either sign of x.
-    return np.exp(-np.logaddexp(0, -x)).astype(x.dtype, copy=False)
+    # With e = exp(-|x|) (never overflows): 1 / (1 + e) for x >= 0 and
+    # e / (1 + e) for x < 0. Both are accurate to a few ulps in relative
+    # terms; exp(-log1p(exp(-x))) loses |x| ulps for negative x.
+    e = np.exp(-np.abs(x))
+    return np.where(x >= 0, 1, e) / (1 + e)
 
 
 def _normal_cdf(x):
@@ -71,12 +74,15 @@ def gelu(a, approximate="none"):
         array([-0.1587,  0.    ,  0.8413], dtype=float32)
     """
     if approximate == "tanh":
+        # 0.5 (1 + tanh(u)) is sigmoid(2u): the same function without the
+        # cancellation in 1 + tanh(u) for negative u, so small outputs keep
+        # their relative precision (1 - tanh(u)^2 is 4 s (1 - s) likewise).
         def forward(x):
-            t = np.tanh(_SQRT_2_OVER_PI * (x + 0.044715 * x * x * x))
-            return 0.5 * x * (1 + t), t
+            s = _sigmoid(2 * _SQRT_2_OVER_PI * (x + 0.044715 * x * x * x))
+            return x * s, s
 
-        def derivative(x, out, t):
-            return 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * _SQRT_2_OVER_PI * (1 + 3 * 0.044715 * x * x)
+        def derivative(x, out, s):
+            return s + x * (2 * s * (1 - s)) * _SQRT_2_OVER_PI * (1 + 3 * 0.044715 * x * x)
 
         return _unary(a, forward, derivative)
     if approximate != "none":
