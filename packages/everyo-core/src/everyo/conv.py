@@ -115,13 +115,13 @@ def _weight_matrix(w, groups):
 
 
 def _by_group(a, groups):
-    """(M, G*K) -> (G, M, K) view."""
-    return a.reshape(a.shape[0], groups, -1).transpose(1, 0, 2)
+    """(M, G*K) -> (G, M, K) view (explicit K: -1 cannot be inferred when M is 0)."""
+    return a.reshape(a.shape[0], groups, a.shape[1] // groups).transpose(1, 0, 2)
 
 
 def _from_groups(a):
     """(G, M, K) -> (M, G*K)."""
-    return a.transpose(1, 0, 2).reshape(a.shape[1], -1)
+    return a.transpose(1, 0, 2).reshape(a.shape[1], a.shape[0] * a.shape[2])
 
 
 def _times_weight(cols, w_mat, groups):

@@ -24,7 +24,13 @@ def _float32_at_least(*tensors):
 
 def _reduce(per_element, reduction, name):
     if reduction == "mean":
-        return per_element.mean(), 1.0 / max(per_element.size, 1)
+        if per_element.size == 0:
+            # Decision (issue 13.5): the mean over no elements is NaN, as in
+            # PyTorch, but returned deliberately (no "Mean of empty slice"
+            # RuntimeWarning); its gradient is the empty array. Use
+            # reduction="sum" (0 over nothing) where empty batches are expected.
+            return np.full((), np.nan, dtype=per_element.dtype), 0.0
+        return per_element.mean(), 1.0 / per_element.size
     if reduction == "sum":
         return per_element.sum(), 1.0
     raise ValueError(f"{name}: reduction must be 'mean' or 'sum', got {reduction!r}")
@@ -39,7 +45,11 @@ def _same_shape(pred, target, name):
 
 
 def mse_loss(pred, target, reduction="mean"):
-    """Mean squared error ``mean((pred - target) ** 2)``."""
+    """Mean squared error ``mean((pred - target) ** 2)``.
+
+    Over zero elements (an empty batch) the mean is NaN, as in PyTorch, without
+    a warning, and the gradient is empty; ``reduction="sum"`` gives 0.
+    """
     pred, target = _float32_at_least(_t(pred), _t(target))
     _same_shape(pred, target, "mse_loss")
     diff = pred.data - target.data
@@ -58,6 +68,8 @@ def cross_entropy(logits, targets, reduction="mean"):
     Fused: log-softmax and the negative log-likelihood in one op whose
     gradient is ``softmax(logits) - one_hot(targets)``, which never overflows.
     Extra leading axes are allowed: logits (N, T, C) with targets (N, T).
+    Over zero rows (an empty batch) the mean is NaN, as in PyTorch, without a
+    warning, and the gradient is empty; ``reduction="sum"`` gives 0.
     """
     (logits,) = _float32_at_least(_t(logits))
     t = targets.data if isinstance(targets, Tensor) else np.asarray(targets)
@@ -94,7 +106,10 @@ def cross_entropy(logits, targets, reduction="mean"):
 
 def binary_cross_entropy_with_logits(logits, targets, reduction="mean"):
     """Sigmoid + binary cross-entropy in one stable op:
-    ``max(x, 0) - x * y + log1p(exp(-|x|))``."""
+    ``max(x, 0) - x * y + log1p(exp(-|x|))``.
+
+    Over zero elements the mean is NaN, as in PyTorch, without a warning, and
+    the gradient is empty; ``reduction="sum"`` gives 0."""
     logits, targets = _float32_at_least(_t(logits), _t(targets))
     _same_shape(logits, targets, "binary_cross_entropy_with_logits")
     x, y = logits.data, targets.data
