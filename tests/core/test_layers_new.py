@@ -352,3 +352,29 @@ def test_functional_ops_gradients():
                     name="conv1d")
     check_gradients(lambda x, k: eo.conv_transpose2d(x, k, stride=2, padding="same"), [f64(1, 3, 3, 2), f64(3, 3, 2, 3)],
                     name="conv_transpose2d")
+
+
+@pytest.mark.parametrize("k,stride,padding", [(2, 2, "valid"), (3, 3, "valid"), (2, 3, "valid"), (3, 2, "same"),
+                                              (2, 1, "valid"), (3, 3, "same")])
+@pytest.mark.parametrize("dtype", [np.float64, np.float16])
+def test_max_pool_gradient_goes_to_the_first_maximum_of_each_window(k, stride, padding, dtype):
+    # Small integers give many ties (as after a ReLU); the loop hands each
+    # window's gradient to its first maximum in row-major order and adds up
+    # overlapping windows.
+    x = np.random.default_rng(3).integers(-1, 2, (2, 7, 8, 3)).astype(dtype)
+    g = np.random.default_rng(4).integers(-4, 5, eo.max_pool2d(eo.tensor(x), k, stride, padding).shape).astype(dtype)
+    xt = eo.tensor(x, requires_grad=True)
+    eo.max_pool2d(xt, k, stride, padding).backward(g)
+    (t, _), (l, _) = eo.resolve_padding2d(padding, (7, 8), (k, k), (stride, stride))
+    expected = np.zeros(x.shape)
+    for i in range(g.shape[1]):
+        for j in range(g.shape[2]):
+            r0, c0 = i * stride - t, j * stride - l
+            for n in range(2):
+                for c in range(3):
+                    cells = [(r, q) for r in range(r0, r0 + k) for q in range(c0, c0 + k) if 0 <= r < 7 and 0 <= q < 8]
+                    best = max(x[n, r, q, c] for r, q in cells)
+                    r, q = next(cell for cell in cells if x[n, cell[0], cell[1], c] == best)
+                    expected[n, r, q, c] += g[n, i, j, c]
+    assert xt.grad.dtype == dtype
+    np.testing.assert_array_equal(xt.grad, expected.astype(dtype))

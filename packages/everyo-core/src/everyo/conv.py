@@ -293,18 +293,34 @@ def max_pool2d(x, pool_size=2, stride=None, padding="valid"):
         best = _half_to_float(out) if half else out
         g = _up(g) if half else g
         win = _windows(src, kernel, stride, (oh, ow))
-        grad_win = np.zeros(win.shape, dtype=g.dtype)
+        disjoint = stride[0] >= kernel[0] and stride[1] >= kernel[1]
+        if disjoint:
+            # Windows do not overlap: each offset's gradient goes straight to
+            # its own input positions (no window-gradient array, no scatter).
+            gxp = np.zeros(xp.shape, dtype=g.dtype)
+        else:
+            grad_win = np.zeros(win.shape, dtype=g.dtype)
         taken = np.zeros(best.shape, dtype=bool)
+        last = (kernel[0] - 1, kernel[1] - 1)
         for i in range(kernel[0]):
             for j in range(kernel[1]):
                 hit = win[..., i, j] == best
-                hit &= ~taken
-                taken |= hit
-                np.multiply(g, hit, out=grad_win[..., i, j])
-        gx = _crop(_scatter_windows(grad_win, xp.shape, kernel, stride, (oh, ow), g.dtype), pads)
+                if i or j:
+                    hit &= ~taken
+                if (i, j) != last:
+                    taken |= hit
+                if disjoint:
+                    rows = slice(i, i + stride[0] * (oh - 1) + 1, stride[0])
+                    cols = slice(j, j + stride[1] * (ow - 1) + 1, stride[1])
+                    np.multiply(g, hit, out=gxp[:, rows, cols, :])
+                else:
+                    np.multiply(g, hit, out=grad_win[..., i, j])
+        if not disjoint:
+            gxp = _scatter_windows(grad_win, xp.shape, kernel, stride, (oh, ow), g.dtype)
+        gx = _crop(gxp, pads)
         if not half:
             return (gx,)
-        if stride[0] >= kernel[0] and stride[1] >= kernel[1]:
+        if disjoint:
             # Windows do not overlap: each input takes at most one float16
             # gradient value, unchanged, so there is nothing to round.
             return (Rounded(np.ascontiguousarray(gx)),)
