@@ -106,3 +106,15 @@ def test_mean_loss_over_nothing_is_nan_quietly_and_sum_is_zero(name, loss, shape
           "cross_entropy": eo.cross_entropy}[name]
     target = np.zeros(0, dtype=np.int64) if name == "cross_entropy" else eo.tensor(np.zeros(shape, np.float32))
     assert fn(eo.tensor(np.zeros(shape, np.float32)), target, reduction="sum").item() == 0.0
+
+
+def test_empty_batch_through_embedding_and_decoder():
+    emb = eo.Embedding(10, 8, seed=0)
+    dec = eo.TransformerDecoderLayer(8, 2, dim_feedforward=16, seed=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        tokens = emb(np.zeros((0, 5), dtype=np.int64))
+        out = dec(tokens, eo.zeros(0, 4, 8))
+        assert out.shape == (0, 5, 8)
+        out.sum().backward()
+    assert emb.weight.grad.shape == (10, 8) and not np.any(emb.weight.grad)
