@@ -144,7 +144,7 @@ def _weight_grad(cols, g2, groups, w_shape):
         # splits a (K, O) product over its rows and columns, never over the long
         # pixel axis, and cols.T @ g2 was measured up to 10x slower (and far
         # worse on a loaded machine) than the same sum written as (g2.T @ cols).T.
-        gm = np.matmul(g2.T, cols).T
+        gm = np.ascontiguousarray(np.matmul(g2.T, cols).T)
     elif groups == 1:
         gm = _mm(cols.T, g2)
     else:
