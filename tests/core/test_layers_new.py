@@ -378,3 +378,62 @@ def test_max_pool_gradient_goes_to_the_first_maximum_of_each_window(k, stride, p
                     expected[n, r, q, c] += g[n, i, j, c]
     assert xt.grad.dtype == dtype
     np.testing.assert_array_equal(xt.grad, expected.astype(dtype))
+
+
+# --- the op table ------------------------------------------------------------------------
+def test_new_ops_are_in_the_op_table():
+    from everyo import activations, conv, conv_transpose, dispatch, upsampling
+
+    for module in (activations, conv, conv_transpose, upsampling):
+        for name in module.__all__:
+            fn = getattr(module, name)
+            if name.endswith("_geometry") or name == "interpolation_matrix":
+                continue  # helpers on plain numbers, not ops on Tensors
+            assert getattr(fn, "op", None) is dispatch.OPS[name], f"{module.__name__}.{name} is not a registered primitive"
+    kinds = {n: dispatch.OPS[n].kind for n in ("gelu", "conv1d", "conv_transpose2d", "upsample2d")}
+    assert kinds == {"gelu": "elementwise", "conv1d": "conv", "conv_transpose2d": "conv", "upsample2d": "resize"}
+    assert dispatch.OPS["conv_transpose2d"].category == dispatch.LOW_PRECISION
+
+
+class _Recorder:
+    def __init__(self):
+        self.records = []
+
+    def record(self, name, inputs, outputs, attrs):
+        self.records.append((name, inputs, outputs, attrs))
+
+    def on_python_value(self, tensor, kind):
+        pass
+
+
+def test_tracing_records_the_new_layers_with_resolved_geometry():
+    from everyo import dispatch
+
+    model = eo.Sequential(eo.Conv2D(4, 4, 3, padding="same", dilation=2, groups=2, seed=0), eo.GELU(approximate="tanh"),
+                          eo.UpSampling2D(2, interpolation="bilinear"),
+                          eo.Conv2DTranspose(4, 2, 3, stride=2, padding="same", seed=1), eo.GlobalAveragePooling2D())
+    x = eo.tensor(f64(1, 5, 5, 4).astype(np.float32))
+    expected = model(x).data
+    rec = _Recorder()
+    token = dispatch.set_tracer(rec)
+    try:
+        out = model(x)
+    finally:
+        dispatch.reset_tracer(token)
+    np.testing.assert_array_equal(out.data, expected)  # tracing changes nothing
+    names = [r[0] for r in rec.records]
+    assert names == ["conv2d", "gelu", "upsample2d", "conv_transpose2d", "mean"]
+    conv_attrs = rec.records[0][3]
+    assert conv_attrs["pads"] == ((2, 2), (2, 2)) and conv_attrs["dilation"] == (2, 2) and conv_attrs["groups"] == 2
+    assert rec.records[1][3]["approximate"] == "tanh"
+    assert rec.records[2][3]["size"] == (2, 2) and rec.records[2][3]["interpolation"] == "bilinear"
+    t_attrs = rec.records[3][3]
+    assert t_attrs["pads"] == ((0, 1), (0, 1)) and t_attrs["output_padding"] == (0, 0) and t_attrs["stride"] == (2, 2)
+
+    rec = _Recorder()
+    token = dispatch.set_tracer(rec)
+    try:
+        eo.Conv1D(2, 3, 3, padding="causal", dilation=2, seed=0)(eo.ones(1, 6, 2))
+    finally:
+        dispatch.reset_tracer(token)
+    assert [r[0] for r in rec.records] == ["conv1d"] and rec.records[0][3]["pads"] == (4, 0)

@@ -9,6 +9,7 @@ import math
 
 import numpy as np
 
+from everyo.dispatch import primitive
 from everyo.functional import _t
 from everyo.half import _float_to_half, _half_to_float, _rounded, _up, takes_rounded
 from everyo.tensor import Tensor
@@ -61,6 +62,7 @@ def _normal_cdf(x):
     return ((1.0 + _erf(z).astype(np.float64)) * 0.5).astype(x.dtype, copy=False)
 
 
+@primitive("gelu", kind="elementwise")
 def gelu(a, approximate="none"):
     """Gaussian error linear unit ``x * Phi(x)``.
 
@@ -98,6 +100,7 @@ def gelu(a, approximate="none"):
     return _unary(a, forward, derivative)
 
 
+@primitive("silu", kind="elementwise")
 def silu(a):
     """Sigmoid linear unit (swish) ``x * sigmoid(x)``."""
     def forward(x):
@@ -107,6 +110,7 @@ def silu(a):
     return _unary(a, forward, lambda x, out, s: s * (1 + x * (1 - s)))
 
 
+@primitive("leaky_relu", kind="elementwise")
 def leaky_relu(a, negative_slope=0.01):
     """``x`` where ``x > 0``, else ``negative_slope * x`` (PyTorch's default slope 0.01).
     At 0 the gradient is ``negative_slope``, as in PyTorch."""
@@ -119,6 +123,7 @@ def leaky_relu(a, negative_slope=0.01):
     return _unary(a, forward, lambda x, out, positive: np.where(positive, 1, slope).astype(x.dtype, copy=False))
 
 
+@primitive("elu", kind="elementwise")
 def elu(a, alpha=1.0):
     """``x`` where ``x > 0``, else ``alpha * (exp(x) - 1)``."""
     alpha = float(alpha)
@@ -131,6 +136,7 @@ def elu(a, alpha=1.0):
     return _unary(a, forward, lambda x, out, positive: np.where(positive, 1, out + alpha).astype(x.dtype, copy=False))
 
 
+@primitive("softplus", kind="elementwise")
 def softplus(a, beta=1.0, threshold=20.0):
     """``log(1 + exp(beta x)) / beta``, computed stably; where ``beta x >
     threshold`` it is ``x`` (PyTorch's rule, the difference is below 2e-9 relative)."""

@@ -8,8 +8,7 @@ iterations), never over pixels.
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-from everyo import dispatch
-from everyo.dispatch import LOW_PRECISION
+from everyo.dispatch import LOW_PRECISION, primitive
 from everyo.errors import EveryOShapeError
 from everyo.functional import _mm, _t, reshape
 from everyo.half import Rounded, _exact_to_half, _float_to_half, _half_to_float, _rounded, _up, takes_rounded
@@ -152,6 +151,24 @@ def _weight_grad(cols, g2, groups, w_shape):
     return gm.reshape(cin_g, kh, kw, cout).transpose(1, 2, 0, 3)
 
 
+def _resolve_conv(inputs, attrs):
+    # The tracer gets the geometry core computes: explicit (top, bottom),
+    # (left, right) pads, and kernel, stride and dilation as pairs.
+    x, weight = inputs[0], inputs[1]
+    kernel, stride, dilation, pads, _ = _geometry(x.data.shape, weight.data.shape[:2], attrs["stride"],
+                                                  attrs["padding"], attrs.get("dilation", 1))
+    attrs.update(kernel_size=kernel, stride=stride, dilation=dilation, pads=pads)
+    return attrs
+
+
+def _resolve_pool(inputs, attrs):
+    stride = attrs["pool_size"] if attrs["stride"] is None else attrs["stride"]
+    kernel, stride, _, pads, _ = _geometry(inputs[0].data.shape, attrs["pool_size"], stride, attrs["padding"])
+    attrs.update(pool_size=kernel, stride=stride, pads=pads)
+    return attrs
+
+
+@primitive("conv2d", LOW_PRECISION, kind="conv", inputs=("x", "weight", "bias"), resolve=_resolve_conv)
 def conv2d(x, weight, bias=None, stride=1, padding="valid", dilation=1, groups=1):
     """NHWC convolution (cross-correlation, like every framework).
 
@@ -172,10 +189,7 @@ def conv2d(x, weight, bias=None, stride=1, padding="valid", dilation=1, groups=1
         >>> conv2d(eo.ones(1, 5, 5, 2), eo.ones(3, 3, 2, 4), padding="same").shape
         (1, 5, 5, 4)
     """
-    if bias is None:
-        x, weight = dispatch.apply(LOW_PRECISION, _t(x), weight)
-    else:
-        x, weight, bias = dispatch.apply(LOW_PRECISION, _t(x), weight, bias)
+    x = _t(x)
     xd, w = x.data, weight.data
     if w.ndim != 4:
         raise EveryOShapeError(f"conv2d: weight must be (kh, kw, C // groups, O), got shape {w.shape}")
@@ -235,6 +249,31 @@ def _conv2d(x, weight, bias, geometry, groups, half):
     return Tensor._from_op(out, parents, takes_rounded(backward) if half else backward)
 
 
+def _conv1d_padding(padding, k, dilation):
+    """conv1d's padding as conv2d's on an (N, 1, L, C) view."""
+    if isinstance(padding, str):
+        mode = padding.lower()
+        if mode == "causal":
+            return ((0, 0), (dilation * (k - 1), 0))
+        if mode not in ("valid", "same"):
+            raise ValueError(f"conv1d: padding must be 'valid', 'same', 'causal' or ints, got {padding!r}")
+        return mode
+    if isinstance(padding, int):
+        return ((0, 0), (padding, padding))
+    return ((0, 0), tuple(padding))
+
+
+def _resolve_conv1d(inputs, attrs):
+    x, weight = inputs[0], inputs[1]
+    n, length, c = x.data.shape
+    k = weight.data.shape[0]
+    padding = _conv1d_padding(attrs["padding"], k, attrs["dilation"])
+    _, _, _, pads, _ = _geometry((n, 1, length, c), (1, k), (1, attrs["stride"]), padding, (1, attrs["dilation"]))
+    attrs.update(pads=pads[1])  # (left, right)
+    return attrs
+
+
+@primitive("conv1d", LOW_PRECISION, kind="conv", inputs=("x", "weight", "bias"), resolve=_resolve_conv1d)
 def conv1d(x, weight, bias=None, stride=1, padding="valid", dilation=1, groups=1):
     """Channels-last 1-D convolution (Keras's Conv1D layout).
 
@@ -257,23 +296,14 @@ def conv1d(x, weight, bias=None, stride=1, padding="valid", dilation=1, groups=1
         raise EveryOShapeError(f"conv1d: expected an (N, L, C) input of rank 3, got shape {x.data.shape}")
     if weight.data.ndim != 3:
         raise EveryOShapeError(f"conv1d: weight must be (k, C // groups, O), got shape {weight.data.shape}")
-    k = weight.data.shape[0]
-    if isinstance(padding, str):
-        mode = padding.lower()
-        if mode == "causal":
-            padding = ((0, 0), (dilation * (k - 1), 0))
-        elif mode not in ("valid", "same"):
-            raise ValueError(f"conv1d: padding must be 'valid', 'same', 'causal' or ints, got {padding!r}")
-    elif isinstance(padding, int):
-        padding = ((0, 0), (padding, padding))
-    else:
-        padding = ((0, 0), tuple(padding))
+    padding = _conv1d_padding(padding, weight.data.shape[0], dilation)
     n, length, c = x.data.shape
     out = conv2d(reshape(x, (n, 1, length, c)), reshape(weight, (1,) + weight.data.shape), bias,
                  stride=(1, stride), padding=padding, dilation=(1, dilation), groups=groups)
     return reshape(out, (n, out.data.shape[2], out.data.shape[3]))
 
 
+@primitive("max_pool2d", kind="pool", resolve=_resolve_pool)
 def max_pool2d(x, pool_size=2, stride=None, padding="valid"):
     """Max over windows; the gradient goes to the (first) maximum of each window."""
     x = _t(x)
@@ -335,6 +365,7 @@ def max_pool2d(x, pool_size=2, stride=None, padding="valid"):
     return Tensor._from_op(out, (x,), backward)
 
 
+@primitive("avg_pool2d", kind="pool", resolve=_resolve_pool)
 def avg_pool2d(x, pool_size=2, stride=None, padding="valid"):
     """Mean over windows. With 'same' padding, padded cells are not counted
     (TensorFlow's rule, ONNX ``count_include_pad=0``)."""

@@ -7,9 +7,8 @@ is conv2d's forward: a window view of the output gradient and one matmul.
 """
 import numpy as np
 
-from everyo import dispatch
 from everyo.conv import _scatter_windows, _windows
-from everyo.dispatch import LOW_PRECISION
+from everyo.dispatch import LOW_PRECISION, primitive
 from everyo.errors import EveryOShapeError
 from everyo.functional import _mm, _t
 from everyo.half import _float_to_half, _half_to_float, _rounded, _up, takes_rounded
@@ -57,6 +56,18 @@ def conv_transpose2d_geometry(in_hw, kernel, stride=1, padding="valid", output_p
     return kernel, stride, dilation, crops, extra, full, out_hw
 
 
+def _resolve(inputs, attrs):
+    # The tracer gets explicit crops ((top, bottom), (left, right)) and the
+    # output_padding actually added (Keras's 'same' may add rows at the end).
+    x, weight = inputs[0], inputs[1]
+    kernel, stride, dilation, crops, extra, _, _ = conv_transpose2d_geometry(
+        x.data.shape[1:3], weight.data.shape[:2], attrs["stride"], attrs["padding"], attrs["output_padding"],
+        attrs["dilation"])
+    attrs.update(kernel_size=kernel, stride=stride, dilation=dilation, pads=crops, output_padding=extra)
+    return attrs
+
+
+@primitive("conv_transpose2d", LOW_PRECISION, kind="conv", inputs=("x", "weight", "bias"), resolve=_resolve)
 def conv_transpose2d(x, weight, bias=None, stride=1, padding="valid", output_padding=0, dilation=1):
     """Transposed convolution ("deconvolution"), NHWC.
 
@@ -75,10 +86,7 @@ def conv_transpose2d(x, weight, bias=None, stride=1, padding="valid", output_pad
         >>> conv_transpose2d(eo.ones(1, 4, 4, 2), eo.ones(3, 3, 2, 5), stride=2, padding="same").shape
         (1, 8, 8, 5)
     """
-    if bias is None:
-        x, weight = dispatch.apply(LOW_PRECISION, _t(x), weight)
-    else:
-        x, weight, bias = dispatch.apply(LOW_PRECISION, _t(x), weight, bias)
+    x = _t(x)
     xd, w = x.data, weight.data
     if xd.ndim != 4 or w.ndim != 4 or xd.shape[3] != w.shape[2]:
         raise EveryOShapeError(

@@ -12,6 +12,7 @@ Keras's ``UpSampling2D`` (TensorFlow's ``resize`` with half-pixel centres):
 """
 import numpy as np
 
+from everyo.dispatch import primitive
 from everyo.errors import EveryOShapeError
 from everyo.functional import _t
 from everyo.half import _float_to_half, _half_to_float
@@ -37,6 +38,13 @@ def interpolation_matrix(size, scale, align_corners=False):
     return m
 
 
+def _resolve(inputs, attrs):
+    size = attrs["size"]
+    attrs.update(size=(size, size) if isinstance(size, int) else tuple(size))
+    return attrs
+
+
+@primitive("upsample2d", kind="resize", resolve=_resolve)
 def upsample2d(x, size=2, interpolation="nearest", align_corners=False):
     """Repeat (``'nearest'``) or interpolate (``'bilinear'``) by integer factors.
 
