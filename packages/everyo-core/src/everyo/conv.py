@@ -43,6 +43,16 @@ def _windows(xp, kernel, stride, out_hw, dilation=(1, 1)):
     return as_strided(xp, shape, strides, writeable=False)
 
 
+def _patches(xp, kernel, stride, out_hw, dilation=(1, 1)):
+    """Read-only view of shape (N, OH, OW, kh, kw, C): :func:`_windows` with the
+    channels innermost, so copying it into im2col columns reads runs of C
+    contiguous values (4-5x faster than the (C, kh, kw) order for C = 32)."""
+    sn, sh, sw, sc = xp.strides
+    shape = (xp.shape[0], out_hw[0], out_hw[1], kernel[0], kernel[1], xp.shape[3])
+    strides = (sn, sh * stride[0], sw * stride[1], sh * dilation[0], sw * dilation[1], sc)
+    return as_strided(xp, shape, strides, writeable=False)
+
+
 def _window_reduce(win, ufunc):
     """Reduce the (kh, kw) window axes with a binary ufunc, one kernel offset
     at a time: far faster than a NumPy reduction over two tiny trailing axes."""
@@ -54,19 +64,22 @@ def _window_reduce(win, ufunc):
     return out
 
 
-def _scatter_windows(grad_win, padded_shape, kernel, stride, out_hw, dtype, dilation=(1, 1)):
-    """Adjoint of :func:`_windows`: add window gradients back into the padded input."""
+def _scatter_windows(grad_win, padded_shape, kernel, stride, out_hw, dtype, dilation=(1, 1), channels_last=False):
+    """Adjoint of :func:`_windows` (of :func:`_patches` with ``channels_last``):
+    add window gradients back into the padded input."""
     if dtype == np.float16:
         # NumPy's float16 adds convert every element (~40x slower than
         # float32): accumulate in float32 and round once at the end.
         grad_win = _half_to_float(grad_win)
-        return _float_to_half(_scatter_windows(grad_win, padded_shape, kernel, stride, out_hw, np.float32, dilation))
+        return _float_to_half(_scatter_windows(grad_win, padded_shape, kernel, stride, out_hw, np.float32, dilation,
+                                               channels_last))
     gxp = np.zeros(padded_shape, dtype=dtype)
     (oh, ow), (sh, sw), (dh, dw) = out_hw, stride, dilation
     for i in range(kernel[0]):
         for j in range(kernel[1]):
             r, c = i * dh, j * dw
-            gxp[:, r : r + sh * (oh - 1) + 1 : sh, c : c + sw * (ow - 1) + 1 : sw, :] += grad_win[..., i, j]
+            tap = grad_win[:, :, :, i, j, :] if channels_last else grad_win[..., i, j]
+            gxp[:, r : r + sh * (oh - 1) + 1 : sh, c : c + sw * (ow - 1) + 1 : sw, :] += tap
     return gxp
 
 
@@ -101,15 +114,16 @@ def _geometry(shape, kernel, stride, padding, dilation=1, op="conv2d"):
 
 
 # --- the weight product, plain or grouped -----------------------------------------
-# Columns are in the window view's natural (C, kh, kw) order; permuting the small
-# kernel instead of the big column matrix saves a copy. With groups, C is the
-# outer index of a column, so group g owns one contiguous block of K columns and
-# the product is one batched matmul over groups.
+# Without groups, columns are in (kh, kw, C) order (see _patches), which is the
+# weight's own layout: the weight matrix is a free reshape. With groups, columns
+# are in the (C, kh, kw) order of _windows: C is the outer index of a column, so
+# group g owns one contiguous block of K columns and the product is one batched
+# matmul over groups.
 def _weight_matrix(w, groups):
     kh, kw, cin_g, cout = w.shape
-    w_mat = w.transpose(2, 0, 1, 3).reshape(cin_g * kh * kw, cout)
     if groups == 1:
-        return w_mat
+        return w.reshape(kh * kw * cin_g, cout)
+    w_mat = w.transpose(2, 0, 1, 3).reshape(cin_g * kh * kw, cout)
     return np.ascontiguousarray(w_mat.reshape(-1, groups, cout // groups).transpose(1, 0, 2))  # (G, K, O/G)
 
 
@@ -148,7 +162,8 @@ def _weight_grad(cols, g2, groups, w_shape):
         gm = _mm(cols.T, g2)
     else:
         gm = _from_groups(np.matmul(_by_group(cols, groups).transpose(0, 2, 1), _by_group(g2, groups)))
-    return gm.reshape(cin_g, kh, kw, cout).transpose(1, 2, 0, 3)
+        return gm.reshape(cin_g, kh, kw, cout).transpose(1, 2, 0, 3)
+    return gm.reshape(kh, kw, cin_g, cout)
 
 
 def _resolve_conv(inputs, attrs):
@@ -216,9 +231,11 @@ def _conv2d(x, weight, bias, geometry, groups, half):
     n, cin = xd.shape[0], xd.shape[3]
     xp = _pad(xd, pads)
 
+    view = _patches if groups == 1 else _windows
+
     def columns():
         src = _half_to_float(xp) if half else xp
-        return _windows(src, kernel, stride, (oh, ow), dilation).reshape(n * oh * ow, cin * kh * kw)
+        return view(src, kernel, stride, (oh, ow), dilation).reshape(n * oh * ow, cin * kh * kw)
 
     w_mat = _weight_matrix(_half_to_float(w) if half else w, groups)
     cols = columns()
@@ -233,9 +250,10 @@ def _conv2d(x, weight, bias, geometry, groups, half):
         g2 = (_up(g) if half else g).reshape(n * oh * ow, cout)
         gx = gw = gb = None
         if x.requires_grad:
-            gcols = _times_weight_t(g2, w_mat, groups).reshape(n, oh, ow, cin, kh, kw)
+            gcols = _times_weight_t(g2, w_mat, groups)
+            gcols = gcols.reshape((n, oh, ow, kh, kw, cin) if groups == 1 else (n, oh, ow, cin, kh, kw))
             acc = np.float32 if half else gcols.dtype
-            gx = _crop(_scatter_windows(gcols, xp.shape, kernel, stride, (oh, ow), acc, dilation), pads)
+            gx = _crop(_scatter_windows(gcols, xp.shape, kernel, stride, (oh, ow), acc, dilation, groups == 1), pads)
             gx = _rounded(gx) if half else gx
         if weight.requires_grad:
             gw = _weight_grad(columns() if half else cols, g2, groups, w.shape)
