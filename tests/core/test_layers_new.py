@@ -437,3 +437,21 @@ def test_tracing_records_the_new_layers_with_resolved_geometry():
     finally:
         dispatch.reset_tracer(token)
     assert [r[0] for r in rec.records] == ["conv1d"] and rec.records[0][3]["pads"] == (4, 0)
+
+
+@pytest.mark.parametrize("op", [
+    lambda x, w: eo.conv_transpose2d(x, w, stride=2, padding="same"),
+    lambda x, w: eo.conv2d(x, w, padding="same", dilation=2),
+    lambda x, w: eo.conv1d(eo.reshape(x, (2, 24, 3)), eo.reshape(w[:1], (3, 3, 3)), padding="causal"),
+    lambda x, w: eo.upsample2d(x, 2, "bilinear"),
+], ids=["conv_transpose2d", "conv2d_dilated", "conv1d", "upsample_bilinear"])
+def test_float16_paths_are_float32_arithmetic_rounded_once(op):
+    x = f64(2, 4, 6, 3).astype(np.float16)
+    w = (f64(3, 3, 3, 3) * 0.3).astype(np.float16)
+    got = op(eo.tensor(x), eo.tensor(w))
+    ref = op(eo.tensor(x.astype(np.float32)), eo.tensor(w.astype(np.float32)))
+    assert got.dtype == "float16"
+    np.testing.assert_array_equal(got.data, ref.data.astype(np.float16))
+    xt = eo.tensor(x, requires_grad=True)
+    op(xt, eo.tensor(w)).sum().backward()
+    assert xt.grad.dtype == np.float16 and np.all(np.isfinite(xt.grad))
