@@ -92,3 +92,15 @@ def test_bad_arguments_leave_nothing_half_built():
         eo.Conv2D(2, 3, 3, stride=0, seed=0)
     a, b = eo.Conv2D(2, 3, 3, seed=0), eo.Conv2D(2, 3, 3, seed=0)
     np.testing.assert_array_equal(a.weight.data, b.weight.data)
+
+
+@pytest.mark.parametrize("make,message", [
+    (lambda: eo.TransformerEncoderLayer(8, 3), r"TransformerEncoderLayer: num_heads=3 must divide d_model=8"),
+    (lambda: eo.TransformerEncoderLayer(8, 2, dim_feedforward=0), r"TransformerEncoderLayer: dim_feedforward must be positive"),
+    (lambda: eo.TransformerDecoderLayer(8, 2, dropout=1.0), r"TransformerDecoderLayer: dropout must be in \[0, 1\)"),
+    (lambda: eo.TransformerEncoderLayer(8, 2, layer_norm_eps=0.0), r"layer_norm_eps must be a positive number"),
+    (lambda: eo.TransformerEncoder(0, 8, 2), r"TransformerEncoder: num_layers must be positive"),
+])
+def test_transformer_arguments(make, message):
+    with pytest.raises(ValueError, match=message):
+        make()

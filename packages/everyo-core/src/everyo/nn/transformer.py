@@ -18,6 +18,7 @@ import numpy as np
 
 from everyo import functional as F
 from everyo.activations import gelu
+from everyo.nn import arguments as args
 from everyo.nn.activation import Dropout
 from everyo.nn.attention import MultiHeadAttention
 from everyo.nn.linear import Linear
@@ -35,8 +36,14 @@ class _Block(Module):
     def __init__(self, d_model, num_heads, dim_feedforward, dropout, activation, layer_norm_eps,
                  norm_first, seed, dtype):
         super().__init__()
+        name = type(self).__name__
         if isinstance(activation, str) and activation not in _ACTIVATIONS:
-            raise ValueError(f"{type(self).__name__} activation must be one of {sorted(_ACTIVATIONS)} or a callable, got {activation!r}")
+            raise ValueError(f"{name} activation must be one of {sorted(_ACTIVATIONS)} or a callable, got {activation!r}")
+        for arg, value in (("d_model", d_model), ("num_heads", num_heads), ("dim_feedforward", dim_feedforward)):
+            args.positive_int(name, arg, value)
+        args.divides(name, "num_heads", num_heads, d_model=d_model)
+        args.probability(name, "dropout", dropout)
+        args.positive_float(name, "layer_norm_eps", layer_norm_eps)
         self.d_model, self.num_heads, self.norm_first = int(d_model), int(num_heads), bool(norm_first)
         self.activation = _ACTIVATIONS[activation] if isinstance(activation, str) else activation
         self._seeds = np.random.default_rng(seed)  # one stream, so every sub-layer differs
@@ -159,7 +166,7 @@ class _Stack(Module):
                  layer_norm_eps=1e-5, norm_first=False, final_norm=None, *, seed=None, dtype="float32"):
         super().__init__()
         rng = np.random.default_rng(seed)
-        self.num_layers = int(num_layers)
+        self.num_layers = args.positive_int(type(self).__name__, "num_layers", num_layers)
         self.layers = Sequential(*[
             self._layer(d_model, num_heads, dim_feedforward, dropout, activation, layer_norm_eps, norm_first,
                         seed=int(rng.integers(2**31)), dtype=dtype)
