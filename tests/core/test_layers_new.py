@@ -455,3 +455,21 @@ def test_float16_paths_are_float32_arithmetic_rounded_once(op):
     xt = eo.tensor(x, requires_grad=True)
     op(xt, eo.tensor(w)).sum().backward()
     assert xt.grad.dtype == np.float16 and np.all(np.isfinite(xt.grad))
+
+
+def test_fast_normal_cdf_is_math_erfc_rounded_to_float32_within_one_ulp():
+    # float32/float16 GELU uses a fitted erfc (everyo.activations); float64 uses math.erfc itself.
+    from everyo.activations import _normal_cdf
+
+    x = np.concatenate([np.linspace(-16, 16, 100001), np.geomspace(1e-30, 16, 2000), -np.geomspace(1e-30, 16, 2000)])
+    x32 = x.astype(np.float32)
+    exact = np.array([0.5 * math.erfc(-float(v) / math.sqrt(2)) for v in x32])
+    for dtype in (np.float32, np.float16):
+        xs = x32.astype(dtype)
+        ref = np.array([0.5 * math.erfc(-float(v) / math.sqrt(2)) for v in xs]).astype(dtype)
+        got = _normal_cdf(xs)
+        assert got.dtype == dtype
+        ulp = np.spacing(np.abs(ref)).astype(np.float64)
+        ulps = np.abs(got.astype(np.float64) - ref.astype(np.float64)) / np.where(ulp > 0, ulp, 1)
+        assert ulps.max() <= 1, (dtype, ulps.max(), xs[np.argmax(ulps)])
+    np.testing.assert_allclose(_normal_cdf(x32.astype(np.float64)), exact, rtol=1e-12, atol=0)

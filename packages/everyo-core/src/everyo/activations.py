@@ -19,7 +19,7 @@ __all__ = ["gelu", "silu", "leaky_relu", "elu", "softplus"]
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 _INV_SQRT_2 = 1.0 / math.sqrt(2.0)
 _INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
-_erf = np.frompyfunc(math.erf, 1, 1)
+_erfc = np.frompyfunc(math.erfc, 1, 1)
 
 
 def _unary(a, forward, derivative):
@@ -55,11 +55,62 @@ def _sigmoid(x):
     return np.where(x >= 0, 1, e) / (1 + e)
 
 
+# erfc(z) = t * exp(-z^2 + p(u)) with t = 2 / (2 + z), u = (2t - 0.1667 - 1) / (1 - 0.1667)
+# mapping z in [0, 10] onto [-1, 1] (the form of Numerical Recipes' erfccheb).
+# p is the degree-16 Chebyshev interpolant of log(erfc(z) / t) + z^2, made
+# from math.erfc at the Chebyshev nodes and written in the power basis of u
+# (Horner below). Relative error of erfc <= 1.2e-12 over z in [0, 10]
+# (tests/core/test_layers_new.py checks it against math.erf on a dense grid):
+# float32 results are math.erf's rounded, to within one ulp.
+_ERFC_ZMAX = 10.0
+_ERFC_TMIN = 2.0 / (2.0 + _ERFC_ZMAX)
+_ERFC_POLY = (
+    -0.5585953511338151, 0.5703071521413846, 0.015744884609758886, -0.029471305587921232,
+    -0.0010432970294703015, 0.003712766522935572, -0.0002858704433814308, -0.0005458288305621802,
+    0.00014992766006721397, 6.499896419509187e-05, -4.242747451448689e-05, -1.8217487361951471e-06,
+    8.355890416156133e-06, -1.4707096712966445e-06, -1.0622201823975387e-06, 2.870577818678424e-07,
+    6.233257313292895e-08,
+)
+
+
+_CHUNK = 8192  # float64 values per block: the ~40 passes below stay in the L2 cache
+
+
+def _erfc_fast(z):
+    """erfc(z) for float64 z >= 0, flat (0 beyond z = 10, where erfc < 2.1e-45
+    is below float32's smallest subnormal)."""
+    out = np.empty_like(z)
+    for start in range(0, z.size, _CHUNK):
+        zc = np.minimum(z[start : start + _CHUNK], _ERFC_ZMAX)
+        t = 2.0 / (2.0 + zc)
+        u = t * (2.0 / (1.0 - _ERFC_TMIN))
+        u -= (_ERFC_TMIN + 1.0) / (1.0 - _ERFC_TMIN)
+        acc = np.full_like(u, _ERFC_POLY[-1])
+        for coef in _ERFC_POLY[-2::-1]:
+            acc *= u
+            acc += coef
+        zc *= zc
+        acc -= zc
+        np.exp(acc, out=acc)
+        np.multiply(t, acc, out=out[start : start + _CHUNK])
+    out[z > _ERFC_ZMAX] = 0.0
+    return out
+
+
 def _normal_cdf(x):
-    """Phi(x) = (1 + erf(x / sqrt(2))) / 2, with math.erf (correctly rounded
-    in float64) applied elementwise: exact, no approximation to validate."""
+    """Phi(x) = erfc(-x / sqrt(2)) / 2.
+
+    float64 input uses math.erfc elementwise (correctly rounded, ~110 ns per
+    value); float32 and float16 (computed in float32) use the fitted erfc
+    above, evaluated in float64 (~5x faster) and accurate far beyond their
+    precision. Either way small tails (x << 0) keep their relative precision.
+    """
     z = x.astype(np.float64) * _INV_SQRT_2
-    return ((1.0 + _erf(z).astype(np.float64)) * 0.5).astype(x.dtype, copy=False)
+    if x.dtype == np.float64:
+        half_erfc = 0.5 * _erfc(np.abs(z)).astype(np.float64)
+    else:
+        half_erfc = 0.5 * _erfc_fast(np.abs(z).reshape(-1)).reshape(z.shape)
+    return np.where(z < 0, half_erfc, 1.0 - half_erfc).astype(x.dtype, copy=False)
 
 
 @primitive("gelu", kind="elementwise")
