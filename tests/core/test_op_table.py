@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 
 import everyo as eo
-from everyo import conv, dispatch, functional, losses, recurrent_ops, sequence_ops
+from everyo import comparisons, conv, dispatch, functional, losses, recurrent_ops, sequence_ops
 from everyo import functional as F
 from everyo.tensor import Tensor
 
-OP_MODULES = (functional, conv, losses, sequence_ops, recurrent_ops)
+OP_MODULES = (functional, conv, losses, sequence_ops, recurrent_ops, comparisons)
 HELPERS = {"unbroadcast", "multi_output"}  # public functions that are not ops themselves
 
 

@@ -277,7 +277,7 @@ def _constant(value, like):
     if isinstance(value, Tensor) or value is None:
         return value
     if _is_python_scalar(value) and like is not None:
-        return Tensor(np.asarray(value, dtype=like.data.dtype))
+        return Tensor(np.asarray(value, dtype=np.result_type(like.data.dtype, value)))
     return Tensor(value)
 
 

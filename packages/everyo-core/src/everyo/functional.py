@@ -24,11 +24,13 @@ __all__ = [
 
 
 def _t(x, like=None):
-    """Wrap a non-Tensor operand as a constant (Python scalars stay weakly typed)."""
+    """Wrap a non-Tensor operand as a constant. Python scalars stay weakly
+    typed, as in NumPy: ``float16 * 2.0`` stays float16, but ``int + 2.5``
+    is a float (not ``int + 2``)."""
     if isinstance(x, Tensor):
         return x
     if isinstance(x, (int, float, bool)) and like is not None:
-        return Tensor(np.asarray(x, dtype=like.data.dtype))
+        return Tensor(np.asarray(x, dtype=np.result_type(like.data.dtype, x)))
     return Tensor(x)
 
 
@@ -614,10 +616,6 @@ def _reflect(fn):
     return lambda self, other: fn(other, self)
 
 
-def _cmp(op):
-    return lambda self, other: Tensor(op(self.data, other.data if isinstance(other, Tensor) else other))
-
-
 Tensor.__add__ = add
 Tensor.__radd__ = _reflect(add)
 Tensor.__sub__ = sub
@@ -631,10 +629,6 @@ Tensor.__pow__ = pow
 Tensor.__matmul__ = matmul
 Tensor.__rmatmul__ = _reflect(matmul)
 Tensor.__getitem__ = getitem
-Tensor.__gt__ = _cmp(np.greater)
-Tensor.__ge__ = _cmp(np.greater_equal)
-Tensor.__lt__ = _cmp(np.less)
-Tensor.__le__ = _cmp(np.less_equal)
 for _name in ("sum", "mean", "max", "min", "var", "exp", "log", "sqrt", "abs", "clip",
               "tanh", "sigmoid", "relu", "reshape", "transpose", "flatten", "astype"):
     setattr(Tensor, _name, globals()[_name])

@@ -30,6 +30,9 @@ class Tensor:
     __slots__ = ("data", "grad", "requires_grad", "_parents", "_backward", "_retain", "_hooks", "_post_hooks",
                  "__weakref__")
     __array_priority__ = 1000  # ndarray (op) Tensor defers to Tensor's reflected op
+    # Comparisons are elementwise (everyo.comparisons), hashing stays by
+    # identity: tensors remain usable as dict keys and set members.
+    __hash__ = object.__hash__
 
     def __init__(self, data, requires_grad=False, dtype=None):
         self.data = _to_array(data, dtype)
