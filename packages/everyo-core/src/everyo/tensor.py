@@ -67,8 +67,10 @@ class Tensor:
     # --- properties ----------------------------------------------------
     @property
     def dtype(self):
-        """The dtype's name, e.g. ``'float32'``."""
-        return self.data.dtype.name
+        """The ``numpy.dtype`` of the values. It compares equal to its name
+        and to the scalar type: ``t.dtype == 'float32'`` and
+        ``t.dtype == np.float32`` both hold; ``str(t.dtype)`` is the name."""
+        return self.data.dtype
 
     @property
     def shape(self):
