@@ -47,7 +47,7 @@ def test_zero_d_with_an_axis():
 def test_stack_accepts_one_past_the_last_axis_and_no_more():
     x = eo.tensor(M)
     assert eo.stack([x, x], axis=2).shape == (2, 3, 2) and eo.stack([x, x], axis=-3).shape == (2, 2, 3)
-    with pytest.raises(eo.EveryOShapeError, match=r"stack: axis 3 is out of range for a tensor of rank 3"):
+    with pytest.raises(eo.EveryOShapeError, match=r"stack: axis 3 is out of range for the rank-3 result \(input shape \(2, 3\)\)"):
         eo.stack([x, x], axis=3)
 
 

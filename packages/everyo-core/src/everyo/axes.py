@@ -17,6 +17,9 @@ __all__ = ["normalize_axis", "normalize_axes", "check_permutation"]
 
 
 def _out_of_range(op, axis, shape, ndim):
+    if ndim != len(shape):  # an op that adds axes (stack, expand_dims)
+        return EveryOShapeError(f"{op}: axis {axis} is out of range for the rank-{ndim} result "
+                                f"(input shape {tuple(shape)}); valid axes are {-ndim}..{ndim - 1}")
     return EveryOShapeError(
         f"{op}: axis {axis} is out of range for a tensor of rank {ndim} (shape {tuple(shape)}); "
         f"valid axes are {-ndim}..{ndim - 1}" if ndim else

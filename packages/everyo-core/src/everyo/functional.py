@@ -109,8 +109,12 @@ def neg(a):
 
 @primitive("pow", FLOAT32, kind="elementwise", inputs=("a", "exponent"))
 def pow(a, exponent):
-    """``a ** exponent`` (exponent a number or a Tensor); runs in float32 under autocast."""
-    a = _t(a)
+    """``a ** exponent`` (exponent a number, an array or a Tensor; ``2 ** x``
+    works too); runs in float32 under autocast. The exponent's gradient
+    ``a ** b * log(a)`` is taken as 0 where ``a`` is 0."""
+    if not isinstance(exponent, (int, float)):
+        exponent = _t(exponent)
+    a = _t(a, exponent if isinstance(exponent, Tensor) else None)
     if isinstance(exponent, Tensor):
         out = np.power(a.data, exponent.data)
 
@@ -119,7 +123,9 @@ def pow(a, exponent):
             if a.requires_grad:
                 ga = unbroadcast(g * exponent.data * np.power(a.data, exponent.data - 1), a.data.shape)
             if exponent.requires_grad:
-                gb = unbroadcast(g * out * np.log(a.data), exponent.data.shape)
+                with np.errstate(divide="ignore", invalid="ignore"):
+                    log_a = np.where(a.data == 0, 0, np.log(a.data))
+                gb = unbroadcast(g * out * log_a, exponent.data.shape)
             return ga, gb
 
         return Tensor._from_op(out, (a, exponent), backward)
@@ -626,6 +632,7 @@ Tensor.__truediv__ = div
 Tensor.__rtruediv__ = _reflect(div)
 Tensor.__neg__ = neg
 Tensor.__pow__ = pow
+Tensor.__rpow__ = _reflect(pow)
 Tensor.__matmul__ = matmul
 Tensor.__rmatmul__ = _reflect(matmul)
 Tensor.__getitem__ = getitem

@@ -170,7 +170,18 @@ class Tensor:
         return self
 
     def detach(self):
+        """The same values (sharing memory) outside the graph: no gradient flows through it."""
         return Tensor(self.data)
+
+    def requires_grad_(self, requires_grad=True):
+        """Switch gradient recording for this leaf on or off, in place; returns ``self``."""
+        if not self.is_leaf:
+            raise RuntimeError("requires_grad_: only leaf tensors can change requires_grad; "
+                               "use .detach() to make a leaf from a computed tensor")
+        if requires_grad and not np.issubdtype(self.data.dtype, np.floating):
+            raise TypeError(f"only floating-point tensors can require grad, got {self.data.dtype}")
+        self.requires_grad = bool(requires_grad)
+        return self
 
     def zero_grad(self):
         self.grad = None
