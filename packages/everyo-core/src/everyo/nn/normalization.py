@@ -1,5 +1,6 @@
 """Batch, layer and group normalisation, channels last (NHWC / (N, C) / (N, L, C))."""
 import math
+import numbers
 
 import numpy as np
 
@@ -84,7 +85,7 @@ class LayerNorm(Module):
 
     def __init__(self, normalized_shape, eps=1e-5, elementwise_affine=True, *, dtype="float32"):
         super().__init__()
-        if isinstance(normalized_shape, int):
+        if isinstance(normalized_shape, numbers.Integral):
             normalized_shape = (normalized_shape,)
         self.normalized_shape = args.ints("LayerNorm", "normalized_shape", tuple(normalized_shape),
                                           len(normalized_shape))
