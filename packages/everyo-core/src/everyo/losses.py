@@ -1,8 +1,7 @@
 """Loss functions, fused and numerically stable; they run in float32 under autocast."""
 import numpy as np
 
-from everyo import dispatch
-from everyo.dispatch import FLOAT32
+from everyo.dispatch import FLOAT32, primitive
 from everyo.errors import EveryODTypeError, EveryOShapeError
 from everyo.functional import _t
 from everyo.tensor import Tensor
@@ -16,15 +15,21 @@ def _float32_at_least(*tensors):
     The spec's loop computes the loss *after* the autocast block, on float16
     predictions; a float16 log-sum-exp or mean over a batch is exactly where 16
     bits run out of range. The cast is a graph node, so the gradient flowing
-    back into float16 predictions is still float16.
+    back into float16 predictions is still float16. (The op table's FLOAT32
+    category has already routed them through the precision policy.)
     """
-    tensors = dispatch.apply(FLOAT32, *tensors)
     return tuple(t.astype("float32") if t.data.dtype == np.float16 else t for t in tensors)
 
 
 def _reduce(per_element, reduction, name):
     if reduction == "mean":
-        return per_element.mean(), 1.0 / max(per_element.size, 1)
+        if per_element.size == 0:
+            # Decision (issue 13.5): the mean over no elements is NaN, as in
+            # PyTorch, but returned deliberately (no "Mean of empty slice"
+            # RuntimeWarning); its gradient is the empty array. Use
+            # reduction="sum" (0 over nothing) where empty batches are expected.
+            return np.full((), np.nan, dtype=per_element.dtype), 0.0
+        return per_element.mean(), 1.0 / per_element.size
     if reduction == "sum":
         return per_element.sum(), 1.0
     raise ValueError(f"{name}: reduction must be 'mean' or 'sum', got {reduction!r}")
@@ -38,8 +43,13 @@ def _same_shape(pred, target, name):
         )
 
 
+@primitive("mse_loss", FLOAT32, kind="loss", inputs=("pred", "target"))
 def mse_loss(pred, target, reduction="mean"):
-    """Mean squared error ``mean((pred - target) ** 2)``."""
+    """Mean squared error ``mean((pred - target) ** 2)``.
+
+    Over zero elements (an empty batch) the mean is NaN, as in PyTorch, without
+    a warning, and the gradient is empty; ``reduction="sum"`` gives 0.
+    """
     pred, target = _float32_at_least(_t(pred), _t(target))
     _same_shape(pred, target, "mse_loss")
     diff = pred.data - target.data
@@ -52,12 +62,15 @@ def mse_loss(pred, target, reduction="mean"):
     return Tensor._from_op(np.asarray(out, dtype=diff.dtype), (pred, target), backward)
 
 
+@primitive("cross_entropy", FLOAT32, kind="loss", inputs=("logits", "targets"))
 def cross_entropy(logits, targets, reduction="mean"):
     """Softmax cross-entropy from raw ``logits`` (N, C) and integer class ``targets`` (N,).
 
     Fused: log-softmax and the negative log-likelihood in one op whose
     gradient is ``softmax(logits) - one_hot(targets)``, which never overflows.
     Extra leading axes are allowed: logits (N, T, C) with targets (N, T).
+    Over zero rows (an empty batch) the mean is NaN, as in PyTorch, without a
+    warning, and the gradient is empty; ``reduction="sum"`` gives 0.
     """
     (logits,) = _float32_at_least(_t(logits))
     t = targets.data if isinstance(targets, Tensor) else np.asarray(targets)
@@ -92,9 +105,13 @@ def cross_entropy(logits, targets, reduction="mean"):
     return Tensor._from_op(np.asarray(out, dtype=z.dtype), (logits,), backward)
 
 
+@primitive("binary_cross_entropy_with_logits", FLOAT32, kind="loss", inputs=("logits", "targets"))
 def binary_cross_entropy_with_logits(logits, targets, reduction="mean"):
     """Sigmoid + binary cross-entropy in one stable op:
-    ``max(x, 0) - x * y + log1p(exp(-|x|))``."""
+    ``max(x, 0) - x * y + log1p(exp(-|x|))``.
+
+    Over zero elements the mean is NaN, as in PyTorch, without a warning, and
+    the gradient is empty; ``reduction="sum"`` gives 0."""
     logits, targets = _float32_at_least(_t(logits), _t(targets))
     _same_shape(logits, targets, "binary_cross_entropy_with_logits")
     x, y = logits.data, targets.data

@@ -23,3 +23,13 @@ __all__ += [
     "Embedding", "PositionalEncoding", "RNN", "LSTM", "GRU", "MultiHeadAttention", "causal_mask",
     "TransformerEncoderLayer", "TransformerDecoderLayer", "TransformerEncoder", "TransformerDecoder",
 ]
+from everyo.nn.activation import GELU, SiLU, LeakyReLU, ELU, Softplus, Identity
+from everyo.nn.conv import Conv1D, Conv2DTranspose
+from everyo.nn.pooling import GlobalAveragePooling2D, GlobalMaxPooling2D
+from everyo.nn.upsampling import UpSampling2D
+from everyo.nn.normalization import GroupNorm
+
+__all__ += [
+    "GELU", "SiLU", "LeakyReLU", "ELU", "Softplus", "Identity", "Conv1D", "Conv2DTranspose",
+    "GlobalAveragePooling2D", "GlobalMaxPooling2D", "UpSampling2D", "GroupNorm",
+]

@@ -1,4 +1,10 @@
+"""Activation layers, Identity, Flatten and Dropout."""
+import math
+
+from everyo import activations as A
 from everyo import functional as F
+from everyo.errors import EveryOShapeError
+from everyo.nn import arguments as args
 from everyo.nn.module import Module, as_input
 
 
@@ -37,11 +43,39 @@ class LogSoftmax(Softmax):
 
 
 class Flatten(Module):
-    """Flatten every axis but the batch axis (NHWC order is kept)."""
+    """Flatten the axes from ``start_axis`` on into one (NHWC order is kept).
+
+    Args:
+        start_axis: the first axis flattened (default 1: everything but the
+            batch axis); negative counts from the end.
+
+    Shape:
+        (N, d1, ..., dk) -> (N, d1 * ... * dk) for ``start_axis=1``. A batch of
+        0 gives (0, d1 * ... * dk).
+
+    Example:
+        >>> eo.Flatten(start_axis=2)(eo.ones(2, 3, 4, 5)).shape
+        (2, 3, 20)
+    """
+
+    def __init__(self, start_axis=1):
+        super().__init__()
+        self.start_axis = args.ints("Flatten", "start_axis", start_axis, 1, minimum=-(2**31))[0]
 
     def forward(self, x):
         x = as_input(self, x, ndim=tuple(range(1, 33)))
-        return F.reshape(x, (x.data.shape[0], -1))
+        shape = x.data.shape
+        start = self.start_axis + len(shape) if self.start_axis < 0 else self.start_axis
+        if not 0 <= start < len(shape):
+            raise EveryOShapeError(
+                f"{self!r}: start_axis {self.start_axis} is out of range for an input of rank {len(shape)} "
+                f"(shape {shape})"
+            )
+        # An explicit size, not -1: reshape cannot infer -1 when a batch of 0 makes the array empty.
+        return F.reshape(x, shape[:start] + (math.prod(shape[start:]),))
+
+    def extra_repr(self):
+        return "" if self.start_axis == 1 else f"start_axis={self.start_axis}"
 
 
 class Dropout(Module):
@@ -49,11 +83,9 @@ class Dropout(Module):
 
     def __init__(self, p=0.5, *, seed=None):
         super().__init__()
-        if not 0 <= p < 1:
-            raise ValueError(f"Dropout probability must be in [0, 1), got {p}")
         import numpy as np
 
-        self.p = float(p)
+        self.p = args.probability("Dropout", "p", p)
         self._rng = np.random.default_rng(seed)
 
     def forward(self, x):
@@ -61,3 +93,86 @@ class Dropout(Module):
 
     def extra_repr(self):
         return f"p={self.p}"
+
+
+class Identity(Module):
+    """Returns its input unchanged (a placeholder, e.g. for a removed head).
+    Extra arguments to the constructor are accepted and ignored, as in PyTorch."""
+
+    def __init__(self, *_args, **_kwargs):
+        super().__init__()
+
+    def forward(self, x):
+        return x
+
+
+class GELU(Module):
+    """Gaussian error linear unit ``x * Phi(x)``.
+
+    Args:
+        approximate: ``'none'`` (exact, erf) or ``'tanh'``.
+
+    Example:
+        >>> eo.GELU(approximate="tanh")(eo.ones(2, 3)).shape
+        (2, 3)
+    """
+
+    def __init__(self, approximate="none"):
+        super().__init__()
+        self.approximate = args.one_of("GELU", "approximate", approximate, ("none", "tanh"))
+
+    def forward(self, x):
+        return A.gelu(as_input(self, x), approximate=self.approximate)
+
+    def extra_repr(self):
+        return "" if self.approximate == "none" else f"approximate={self.approximate!r}"
+
+
+class SiLU(Module):
+    """``x * sigmoid(x)`` (also called swish)."""
+
+    def forward(self, x):
+        return A.silu(as_input(self, x))
+
+
+class LeakyReLU(Module):
+    """``max(x, 0) + negative_slope * min(x, 0)``; the default slope is PyTorch's 0.01."""
+
+    def __init__(self, negative_slope=0.01):
+        super().__init__()
+        self.negative_slope = args.real("LeakyReLU", "negative_slope", negative_slope)
+
+    def forward(self, x):
+        return A.leaky_relu(as_input(self, x), self.negative_slope)
+
+    def extra_repr(self):
+        return f"negative_slope={self.negative_slope}"
+
+
+class ELU(Module):
+    """``x`` for ``x > 0``, else ``alpha * (exp(x) - 1)``."""
+
+    def __init__(self, alpha=1.0):
+        super().__init__()
+        self.alpha = args.real("ELU", "alpha", alpha)
+
+    def forward(self, x):
+        return A.elu(as_input(self, x), self.alpha)
+
+    def extra_repr(self):
+        return f"alpha={self.alpha}"
+
+
+class Softplus(Module):
+    """``log(1 + exp(beta * x)) / beta``, linear where ``beta * x > threshold``."""
+
+    def __init__(self, beta=1.0, threshold=20.0):
+        super().__init__()
+        self.beta = args.positive_float("Softplus", "beta", beta)
+        self.threshold = args.real("Softplus", "threshold", threshold)
+
+    def forward(self, x):
+        return A.softplus(as_input(self, x), self.beta, self.threshold)
+
+    def extra_repr(self):
+        return f"beta={self.beta}, threshold={self.threshold}"

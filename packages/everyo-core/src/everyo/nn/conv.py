@@ -1,7 +1,9 @@
-from everyo.conv import avg_pool2d, conv2d, max_pool2d
+"""Convolution and pooling layers, channels last (Keras's NHWC / NLC layouts)."""
+from everyo.conv import avg_pool2d, conv1d, conv2d, max_pool2d
+from everyo.conv_transpose import conv_transpose2d
+from everyo.nn import arguments as args
 from everyo.nn.init import rng_for, uniform_fan_in
 from everyo.nn.module import Module, as_input
-from everyo.padding import _pair
 from everyo.tensor import Parameter
 
 
@@ -12,34 +14,165 @@ class Conv2D(Module):
         in_channels, out_channels: channel counts.
         kernel_size: int or (kh, kw).
         stride: int or (sh, sw).
-        padding: 'valid' (no padding) or 'same' (TensorFlow's rule: output
-            ``ceil(in / stride)``, the odd pixel of padding at the end).
+        padding: 'valid' (no padding), 'same' (TensorFlow's rule: output
+            ``ceil(in / stride)``, the odd pixel of padding at the end), or
+            explicit non-negative numbers: an int, (ph, pw) or ((top, bottom), (left, right)).
+        dilation: int or (dh, dw): spacing between kernel taps (atrous convolution).
+        groups: split channels into ``groups`` independent convolutions; must
+            divide both channel counts. ``groups == in_channels`` is depthwise.
         seed: makes the initialisation reproducible.
 
     Shape:
         input (N, H, W, in_channels) -> output (N, OH, OW, out_channels).
-        ``weight`` is (kh, kw, in_channels, out_channels), ``bias`` (out_channels,).
+        ``weight`` is (kh, kw, in_channels // groups, out_channels), ``bias`` (out_channels,).
+
+    Example:
+        >>> eo.Conv2D(8, 8, 3, padding="same", groups=8, seed=0)(eo.ones(2, 5, 5, 8)).shape
+        (2, 5, 5, 8)
     """
 
     def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding="valid", bias=True,
-                 *, seed=None, dtype="float32"):
+                 *, dilation=1, groups=1, seed=None, dtype="float32"):
         super().__init__()
-        self.in_channels, self.out_channels = int(in_channels), int(out_channels)
-        self.kernel_size = _pair(kernel_size, "kernel_size")
-        self.stride = _pair(stride, "stride")
-        self.padding = padding
+        name = type(self).__name__
+        self.in_channels = args.positive_int(name, "in_channels", in_channels)
+        self.out_channels = args.positive_int(name, "out_channels", out_channels)
+        self.kernel_size = args.positive_ints(name, "kernel_size", kernel_size)
+        self.stride = args.positive_ints(name, "stride", stride)
+        self.padding = args.padding2d(name, padding)
+        self.dilation = args.positive_ints(name, "dilation", dilation)
+        self.groups = args.positive_int(name, "groups", groups)
+        args.divides(name, "groups", self.groups, in_channels=self.in_channels, out_channels=self.out_channels)
         rng = rng_for(seed)
-        fan_in = self.kernel_size[0] * self.kernel_size[1] * self.in_channels
-        self.weight = Parameter(uniform_fan_in(rng, self.kernel_size + (self.in_channels, self.out_channels), fan_in, dtype))
+        cin_g = self.in_channels // self.groups
+        fan_in = self.kernel_size[0] * self.kernel_size[1] * cin_g
+        self.weight = Parameter(uniform_fan_in(rng, self.kernel_size + (cin_g, self.out_channels), fan_in, dtype))
         self.bias = Parameter(uniform_fan_in(rng, (self.out_channels,), fan_in, dtype)) if bias else None
 
     def forward(self, x):
         x = as_input(self, x, ndim=4, last_dim=self.in_channels, what="NHWC input")
-        return conv2d(x, self.weight, self.bias, stride=self.stride, padding=self.padding)
+        args.window_fits(self, x.data.shape, self.kernel_size, self.stride, self.padding, self.dilation)
+        return conv2d(x, self.weight, self.bias, stride=self.stride, padding=self.padding,
+                      dilation=self.dilation, groups=self.groups)
 
     def extra_repr(self):
+        extra = "".join(f", {k}={v}" for k, v in (("dilation", self.dilation), ("groups", self.groups))
+                        if v not in ((1, 1), 1))
         return (f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, "
-                f"stride={self.stride}, padding={self.padding!r}")
+                f"stride={self.stride}, padding={self.padding!r}" + extra)
+
+
+class Conv1D(Module):
+    """1-D convolution on channels-last (N, L, C) input, Keras's layout.
+
+    Args:
+        in_channels, out_channels, groups, seed: as :class:`Conv2D`.
+        kernel_size, stride, dilation: ints.
+        padding: 'valid', 'same' (output ``ceil(L / stride)``), 'causal'
+            (left padding only: output t depends on inputs up to t), an int or
+            a pair (left, right).
+
+    Shape:
+        input (N, L, in_channels) -> (N, OL, out_channels).
+        ``weight`` is (k, in_channels // groups, out_channels).
+
+    Example:
+        >>> eo.Conv1D(4, 6, 3, padding="causal", dilation=2, seed=0)(eo.ones(2, 10, 4)).shape
+        (2, 10, 6)
+    """
+
+    def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding="valid", bias=True,
+                 *, dilation=1, groups=1, seed=None, dtype="float32"):
+        super().__init__()
+        self.in_channels = args.positive_int("Conv1D", "in_channels", in_channels)
+        self.out_channels = args.positive_int("Conv1D", "out_channels", out_channels)
+        self.kernel_size = args.positive_int("Conv1D", "kernel_size", kernel_size)
+        self.stride = args.positive_int("Conv1D", "stride", stride)
+        self.dilation = args.positive_int("Conv1D", "dilation", dilation)
+        self.groups = args.positive_int("Conv1D", "groups", groups)
+        args.divides("Conv1D", "groups", self.groups, in_channels=self.in_channels, out_channels=self.out_channels)
+        if isinstance(padding, str):
+            self.padding = args.one_of("Conv1D", "padding", padding.lower(), ("valid", "same", "causal"))
+        else:
+            self.padding = padding
+            args.ints("Conv1D", "padding", padding, 1 if isinstance(padding, int) else 2, minimum=0)
+        rng = rng_for(seed)
+        cin_g = self.in_channels // self.groups
+        fan_in = self.kernel_size * cin_g
+        self.weight = Parameter(uniform_fan_in(rng, (self.kernel_size, cin_g, self.out_channels), fan_in, dtype))
+        self.bias = Parameter(uniform_fan_in(rng, (self.out_channels,), fan_in, dtype)) if bias else None
+
+    def _padding2d(self):
+        if self.padding == "causal":
+            return ((0, 0), (self.dilation * (self.kernel_size - 1), 0))
+        if isinstance(self.padding, str):
+            return self.padding
+        p = (self.padding, self.padding) if isinstance(self.padding, int) else tuple(self.padding)
+        return ((0, 0), p)
+
+    def forward(self, x):
+        x = as_input(self, x, ndim=3, last_dim=self.in_channels, what="(N, L, C) input")
+        n, length, c = x.data.shape
+        args.window_fits(self, (n, 1, length, c), (1, self.kernel_size), (1, self.stride), self._padding2d(),
+                         (1, self.dilation))
+        return conv1d(x, self.weight, self.bias, stride=self.stride, padding=self.padding,
+                      dilation=self.dilation, groups=self.groups)
+
+    def extra_repr(self):
+        return (f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, stride={self.stride}, "
+                f"padding={self.padding!r}, dilation={self.dilation}, groups={self.groups}")
+
+
+class Conv2DTranspose(Module):
+    """Transposed 2-D convolution on NHWC input (up-sampling by ``stride``).
+
+    Args:
+        in_channels, out_channels, kernel_size, stride, dilation, seed: as :class:`Conv2D`.
+        padding: 'valid' (output ``(H - 1) * stride + dilation * (k - 1) + 1``),
+            'same' (Keras: output ``H * stride``), or non-negative numbers,
+            PyTorch's meaning (rows/columns cropped from each side).
+        output_padding: extra rows/columns at the bottom/right; each must be
+            smaller than the stride or the dilation (PyTorch's rule).
+
+    Shape:
+        input (N, H, W, in_channels) -> (N, OH, OW, out_channels).
+        ``weight`` is (kh, kw, in_channels, out_channels), ``bias`` (out_channels,).
+        Initialised as PyTorch's ConvTranspose2d: U(+-1/sqrt(out_channels * kh * kw)).
+
+    Example:
+        >>> eo.Conv2DTranspose(4, 2, 3, stride=2, padding="same", seed=0)(eo.ones(1, 5, 5, 4)).shape
+        (1, 10, 10, 2)
+    """
+
+    def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding="valid", output_padding=0,
+                 bias=True, *, dilation=1, seed=None, dtype="float32"):
+        super().__init__()
+        name = "Conv2DTranspose"
+        self.in_channels = args.positive_int(name, "in_channels", in_channels)
+        self.out_channels = args.positive_int(name, "out_channels", out_channels)
+        self.kernel_size = args.positive_ints(name, "kernel_size", kernel_size)
+        self.stride = args.positive_ints(name, "stride", stride)
+        self.padding = args.padding2d(name, padding)
+        self.dilation = args.positive_ints(name, "dilation", dilation)
+        self.output_padding = args.ints(name, "output_padding", output_padding, 2, minimum=0)
+        for extra, s, d in zip(self.output_padding, self.stride, self.dilation):
+            if extra >= max(s, d):
+                raise ValueError(f"{name}: output_padding {self.output_padding} must be smaller than the stride "
+                                 f"{self.stride} or the dilation {self.dilation}")
+        rng = rng_for(seed)
+        fan_in = self.kernel_size[0] * self.kernel_size[1] * self.out_channels
+        shape = self.kernel_size + (self.in_channels, self.out_channels)
+        self.weight = Parameter(uniform_fan_in(rng, shape, fan_in, dtype))
+        self.bias = Parameter(uniform_fan_in(rng, (self.out_channels,), fan_in, dtype)) if bias else None
+
+    def forward(self, x):
+        x = as_input(self, x, ndim=4, last_dim=self.in_channels, what="NHWC input")
+        return conv_transpose2d(x, self.weight, self.bias, stride=self.stride, padding=self.padding,
+                                output_padding=self.output_padding, dilation=self.dilation)
+
+    def extra_repr(self):
+        return (f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, stride={self.stride}, "
+                f"padding={self.padding!r}, output_padding={self.output_padding}, dilation={self.dilation}")
 
 
 class _Pool2D(Module):
@@ -47,12 +180,21 @@ class _Pool2D(Module):
 
     def __init__(self, pool_size=2, stride=None, padding="valid"):
         super().__init__()
-        self.pool_size = _pair(pool_size, "pool_size")
-        self.stride = self.pool_size if stride is None else _pair(stride, "stride")
-        self.padding = padding
+        name = type(self).__name__
+        self.pool_size = args.positive_ints(name, "pool_size", pool_size)
+        self.stride = self.pool_size if stride is None else args.positive_ints(name, "stride", stride)
+        self.padding = args.padding2d(name, padding)
+        if not isinstance(self.padding, str):
+            from everyo.padding import resolve_padding2d
+
+            (t, b), (l, r) = resolve_padding2d(self.padding, (0, 0), self.pool_size, self.stride)
+            if max(t, b) >= self.pool_size[0] or max(l, r) >= self.pool_size[1]:
+                # A window made only of padding would have no input to pool.
+                raise ValueError(f"{name}: padding {padding!r} must be smaller than pool_size {self.pool_size}")
 
     def forward(self, x):
         x = as_input(self, x, ndim=4, what="NHWC input")
+        args.window_fits(self, x.data.shape, self.pool_size, self.stride, self.padding)
         return type(self)._op(x, self.pool_size, self.stride, self.padding)
 
     def extra_repr(self):

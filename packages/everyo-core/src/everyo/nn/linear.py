@@ -1,4 +1,5 @@
 from everyo.functional import linear
+from everyo.nn import arguments as args
 from everyo.nn.init import rng_for, uniform_fan_in
 from everyo.nn.module import Module, as_input
 from everyo.tensor import Parameter
@@ -25,7 +26,8 @@ class Linear(Module):
 
     def __init__(self, in_features, out_features, bias=True, *, seed=None, dtype="float32"):
         super().__init__()
-        self.in_features, self.out_features = int(in_features), int(out_features)
+        self.in_features = args.positive_int("Linear", "in_features", in_features)
+        self.out_features = args.positive_int("Linear", "out_features", out_features)
         rng = rng_for(seed)
         self.weight = Parameter(uniform_fan_in(rng, (self.in_features, self.out_features), self.in_features, dtype))
         self.bias = Parameter(uniform_fan_in(rng, (self.out_features,), self.in_features, dtype)) if bias else None

@@ -1,8 +1,12 @@
-"""Batch and layer normalisation, channels last (NHWC / (N, C) / (N, L, C))."""
+"""Batch, layer and group normalisation, channels last (NHWC / (N, C) / (N, L, C))."""
+import math
+import numbers
+
 import numpy as np
 
 from everyo import functional as F
 from everyo.errors import EveryOShapeError
+from everyo.nn import arguments as args
 from everyo.nn.module import Module, as_input
 from everyo.tensor import Parameter, Tensor
 
@@ -19,7 +23,10 @@ class _BatchNorm(Module):
     def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=True, track_running_stats=True,
                  *, dtype="float32"):
         super().__init__()
-        self.num_features, self.eps, self.momentum = int(num_features), float(eps), float(momentum)
+        name = type(self).__name__
+        self.num_features = args.positive_int(name, "num_features", num_features)
+        self.eps = args.positive_float(name, "eps", eps)
+        self.momentum = args.probability(name, "momentum", momentum, include_one=True)
         self.affine, self.track_running_stats = affine, track_running_stats
         self.weight = Parameter(np.ones(num_features, dtype=dtype)) if affine else None
         self.bias = Parameter(np.zeros(num_features, dtype=dtype)) if affine else None
@@ -32,7 +39,12 @@ class _BatchNorm(Module):
     def forward(self, x):
         x = as_input(self, x, ndim=self._ranks, last_dim=self.num_features)
         axes = tuple(range(x.data.ndim - 1))
-        if self.training or not self.track_running_stats:
+        if x.data.size == 0:
+            # An empty batch (a data-parallel shard with no rows) has no
+            # statistics: the output is empty, the running statistics stay as
+            # they are, and backward gives zero parameter gradients.
+            mean, var = Tensor(np.zeros((), x.data.dtype)), Tensor(np.ones((), x.data.dtype))
+        elif self.training or not self.track_running_stats:
             mean = F.mean(x, axis=axes, keepdims=True)
             var = F.var(x, axis=axes, keepdims=True)
             if self.training and self.track_running_stats:
@@ -73,9 +85,11 @@ class LayerNorm(Module):
 
     def __init__(self, normalized_shape, eps=1e-5, elementwise_affine=True, *, dtype="float32"):
         super().__init__()
-        if isinstance(normalized_shape, int):
+        if isinstance(normalized_shape, numbers.Integral):
             normalized_shape = (normalized_shape,)
-        self.normalized_shape, self.eps = tuple(normalized_shape), float(eps)
+        self.normalized_shape = args.ints("LayerNorm", "normalized_shape", tuple(normalized_shape),
+                                          len(normalized_shape))
+        self.eps = args.positive_float("LayerNorm", "eps", eps)
         self.elementwise_affine = elementwise_affine
         self.weight = Parameter(np.ones(self.normalized_shape, dtype=dtype)) if elementwise_affine else None
         self.bias = Parameter(np.zeros(self.normalized_shape, dtype=dtype)) if elementwise_affine else None
@@ -95,3 +109,49 @@ class LayerNorm(Module):
 
     def extra_repr(self):
         return f"{self.normalized_shape}, eps={self.eps}"
+
+
+class GroupNorm(Module):
+    """Group normalisation (Wu & He, 2018), channels last.
+
+    The channels are split into ``num_groups`` groups of consecutive channels;
+    each sample is normalised over its spatial positions and the channels of
+    one group, independently of the batch (so it behaves the same in train and
+    eval mode, and with a batch of one).
+
+    Args:
+        num_groups: must divide ``num_channels``. 1 is LayerNorm over (H, W, C);
+            ``num_channels`` is InstanceNorm.
+        num_channels: the last axis' size.
+        eps: added to the variance.
+        affine: learn a per-channel scale (``weight``, ones) and shift (``bias``, zeros).
+
+    Shape:
+        (N, ..., C) -> same shape (any rank >= 2).
+
+    Example:
+        >>> eo.GroupNorm(2, 6)(eo.randn(3, 4, 4, 6, seed=0)).shape
+        (3, 4, 4, 6)
+    """
+
+    def __init__(self, num_groups, num_channels, eps=1e-5, affine=True, *, dtype="float32"):
+        super().__init__()
+        self.num_groups = args.positive_int("GroupNorm", "num_groups", num_groups)
+        self.num_channels = args.positive_int("GroupNorm", "num_channels", num_channels)
+        args.divides("GroupNorm", "num_groups", self.num_groups, num_channels=self.num_channels)
+        self.eps, self.affine = args.positive_float("GroupNorm", "eps", eps), bool(affine)
+        self.weight = Parameter(np.ones(self.num_channels, dtype=dtype)) if affine else None
+        self.bias = Parameter(np.zeros(self.num_channels, dtype=dtype)) if affine else None
+
+    def forward(self, x):
+        x = as_input(self, x, ndim=tuple(range(2, 33)), last_dim=self.num_channels)
+        shape = x.data.shape
+        # (N, positions, groups, channels per group); explicit sizes so a batch of 0 reshapes too.
+        grouped = F.reshape(x, (shape[0], math.prod(shape[1:-1]), self.num_groups, self.num_channels // self.num_groups))
+        mean = F.mean(grouped, axis=(1, 3), keepdims=True)
+        var = F.var(grouped, axis=(1, 3), keepdims=True)
+        y = F.reshape(_normalize(grouped, mean, var, self.eps, None, None), shape)
+        return y if self.weight is None else y * self.weight + self.bias
+
+    def extra_repr(self):
+        return f"{self.num_groups}, {self.num_channels}, eps={self.eps}, affine={self.affine}"

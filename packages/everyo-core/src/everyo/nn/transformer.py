@@ -17,6 +17,8 @@ adds cross-attention over ``memory`` between the two, with its own norm.
 import numpy as np
 
 from everyo import functional as F
+from everyo.activations import gelu
+from everyo.nn import arguments as args
 from everyo.nn.activation import Dropout
 from everyo.nn.attention import MultiHeadAttention
 from everyo.nn.linear import Linear
@@ -25,7 +27,7 @@ from everyo.nn.normalization import LayerNorm
 
 __all__ = ["TransformerEncoderLayer", "TransformerDecoderLayer", "TransformerEncoder", "TransformerDecoder"]
 
-_ACTIVATIONS = {"relu": F.relu}
+_ACTIVATIONS = {"relu": F.relu, "gelu": gelu}
 
 
 class _Block(Module):
@@ -34,8 +36,14 @@ class _Block(Module):
     def __init__(self, d_model, num_heads, dim_feedforward, dropout, activation, layer_norm_eps,
                  norm_first, seed, dtype):
         super().__init__()
+        name = type(self).__name__
         if isinstance(activation, str) and activation not in _ACTIVATIONS:
-            raise ValueError(f"{type(self).__name__} activation must be one of {sorted(_ACTIVATIONS)} or a callable, got {activation!r}")
+            raise ValueError(f"{name} activation must be one of {sorted(_ACTIVATIONS)} or a callable, got {activation!r}")
+        for arg, value in (("d_model", d_model), ("num_heads", num_heads), ("dim_feedforward", dim_feedforward)):
+            args.positive_int(name, arg, value)
+        args.divides(name, "num_heads", num_heads, d_model=d_model)
+        args.probability(name, "dropout", dropout)
+        args.positive_float(name, "layer_norm_eps", layer_norm_eps)
         self.d_model, self.num_heads, self.norm_first = int(d_model), int(num_heads), bool(norm_first)
         self.activation = _ACTIVATIONS[activation] if isinstance(activation, str) else activation
         self._seeds = np.random.default_rng(seed)  # one stream, so every sub-layer differs
@@ -77,7 +85,7 @@ class TransformerEncoderLayer(_Block):
         dim_feedforward: hidden width of the feed-forward part (PyTorch's default 2048).
         dropout: dropout after attention, in the feed-forward part and on its
             output, and on the attention weights (train mode only).
-        activation: ``'relu'`` or a callable on Tensors.
+        activation: ``'relu'``, ``'gelu'`` (exact, erf) or a callable on Tensors.
         layer_norm_eps: LayerNorm's epsilon.
         norm_first: pre-norm (True) or post-norm (False, default).
         seed: makes every initialisation and dropout mask reproducible.
@@ -158,7 +166,7 @@ class _Stack(Module):
                  layer_norm_eps=1e-5, norm_first=False, final_norm=None, *, seed=None, dtype="float32"):
         super().__init__()
         rng = np.random.default_rng(seed)
-        self.num_layers = int(num_layers)
+        self.num_layers = args.positive_int(type(self).__name__, "num_layers", num_layers)
         self.layers = Sequential(*[
             self._layer(d_model, num_heads, dim_feedforward, dropout, activation, layer_norm_eps, norm_first,
                         seed=int(rng.integers(2**31)), dtype=dtype)
