@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from everyo.errors import EveryODistributedError
-from everyo.distributed import _wire as wire
+from everyo.distributed.tcp import wire
 from everyo.distributed_tcp import TCPRendezvousServer, init_tcp_process_group
 
 from test_tcp_collectives import run_in_threads

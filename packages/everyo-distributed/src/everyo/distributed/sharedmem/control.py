@@ -31,8 +31,8 @@ import os
 import time
 
 from everyo.errors import EveryODistributedError
-from everyo.distributed.group import CollectiveRecord
-from everyo.distributed.shm import Segment, attach_segment, create_segment
+from everyo.distributed.protocol import CollectiveRecord
+from everyo.distributed.sharedmem.segment import Segment, attach_segment, create_segment
 
 __all__ = ["ControlBlock", "RUNNING", "RETURNED", "FAILED", "PeerAbortedError"]
 

@@ -19,9 +19,9 @@ import warnings
 from multiprocessing import connection
 
 from everyo.errors import EveryODistributedError
-from everyo.distributed.control import ControlBlock, PeerAbortedError
-from everyo.distributed.shm import new_segment_name, unlink_segment
-from everyo.distributed.shm_group import SharedMemoryGroup, data_segment_name
+from everyo.distributed.sharedmem.control import ControlBlock, PeerAbortedError
+from everyo.distributed.sharedmem.segment import new_segment_name, unlink_segment
+from everyo.distributed.sharedmem.group import SharedMemoryGroup, data_segment_name
 from everyo.distributed.threads import worker_thread_env
 
 __all__ = ["spawn"]
@@ -41,7 +41,7 @@ def spawn(worker, world_size: int, args=(), timeout=None) -> list:
     Processes use the ``spawn`` start method, so ``worker`` must be a
     module-level function, ``args`` and the results must pickle, and a script
     calling ``spawn`` must do so under ``if __name__ == "__main__":``. Each
-    worker's first argument is a :class:`~everyo.distributed.group.ProcessGroup`
+    worker's first argument is a :class:`~everyo.distributed.ProcessGroup`
     backed by shared memory.
 
     Unless the user set a BLAS thread variable (``OMP_NUM_THREADS`` ...), each

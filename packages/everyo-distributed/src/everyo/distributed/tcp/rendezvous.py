@@ -2,7 +2,7 @@
 
 The server (:class:`TCPRendezvousServer`, in a thread of rank 0's process) only
 introduces the workers: each worker connects, both sides prove they hold the
-same token (HMAC over fresh nonces, see :mod:`everyo.distributed._wire`), the
+same token (HMAC over fresh nonces, see :mod:`everyo.distributed.tcp.wire`), the
 worker reports its rank, world size and the address of its own listening
 socket, and once all ranks are in, every worker gets the table of addresses and
 a random session id. The workers then connect to each other directly (one
@@ -29,7 +29,7 @@ import threading
 import time
 
 from everyo.errors import EveryODistributedError
-from everyo.distributed import _wire as wire
+from everyo.distributed.tcp import wire
 
 __all__ = ["TCPRendezvousServer", "join"]
 
