@@ -25,11 +25,15 @@ from everyo.distributed.protocol import (
     split_blocks,
 )
 from everyo.distributed.gradients import average_gradients
+from everyo.distributed.ddp import DistributedDataParallel
+from everyo.distributed.sampler import DistributedSampler
 from everyo.distributed.sharding import shard_indices
 from everyo.distributed.threads import worker_thread_env, available_cores
 
 __all__ = [
     "spawn",
+    "DistributedDataParallel",
+    "DistributedSampler",
     "shard_indices",
     "average_gradients",
     "EveryODistributedError",
