@@ -276,3 +276,10 @@ def more_collectives_battery(group):
     else:
         out["mismatch"] = "no error"
     return out
+
+
+def everyone_works_then_meets(group):
+    """Every rank computes for a while outside the collectives (nobody waits), then a barrier."""
+    time.sleep(1.5)
+    group.barrier()
+    return group.rank

@@ -22,9 +22,9 @@ import shm_workers
 pytestmark = pytest.mark.usefixtures("no_leftovers")
 
 
-def spawn_error(worker, world_size=2, timeout=60):
+def spawn_error(worker, world_size=2, timeout=60, **kwargs):
     with pytest.raises(EveryODistributedError) as info:
-        spawn(worker, world_size, timeout=timeout)
+        spawn(worker, world_size, timeout=timeout, **kwargs)
     return info.value, str(info.value)
 
 
@@ -75,6 +75,32 @@ def test_timeout_names_unfinished_ranks_and_gives_the_hint():
     assert "rank 0: waiting in barrier() as collective #0" in message
     assert "rank 1: had not called any collective" in message
     assert "a rank that took a different path through the loop" in message
+
+
+def test_a_rank_stuck_outside_the_collectives_is_named_without_any_timeout():
+    # 0.1 waited forever here (timeout=None): rank 0 sat in the barrier, rank 1 slept 60 s.
+    error, message = spawn_error(shm_workers.hangs_on_rank_1, timeout=None, stall_timeout=1.0)
+    assert error.rank == 1
+    assert "rank(s) 1 stuck outside the collectives: rank(s) 0 waited" in message
+    assert "in barrier() as collective #0 (stall_timeout=1 s)" in message
+    assert "rank 1: running, has not reached it (its last collective: none)" in message
+
+
+def test_long_work_on_every_rank_is_not_a_stall():
+    assert spawn(shm_workers.everyone_works_then_meets, 2, stall_timeout=0.5) == [0, 1]
+
+
+def test_the_stall_check_is_on_by_default_and_off_only_with_a_warning():
+    import inspect
+
+    from everyo.distributed.sharedmem import spawn as spawn_module
+
+    assert spawn_module.DEFAULT_STALL_TIMEOUT == 600.0
+    assert inspect.signature(spawn).parameters["stall_timeout"].default is spawn_module._NOT_GIVEN
+    with pytest.warns(RuntimeWarning, match="stuck outside the collectives will make spawn wait forever"):
+        assert spawn(shm_workers.everyone_works_then_meets, 2, stall_timeout=None) == [0, 1]
+    with pytest.raises(ValueError, match="stall_timeout must be positive"):
+        spawn(shm_workers.everyone_works_then_meets, 2, stall_timeout=0)
 
 
 def test_unpicklable_result_is_a_clear_error():

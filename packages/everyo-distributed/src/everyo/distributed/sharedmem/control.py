@@ -28,6 +28,7 @@ reaching the barrier, and a parent that died.
 from __future__ import annotations
 
 import os
+import threading
 import time
 
 from everyo.errors import EveryODistributedError
@@ -187,7 +188,10 @@ class ControlBlock:
         target = self._barriers
         words = self.words
         words[self._line(self.rank) + _COUNTER] = target
-        patient = not (self.oversubscribed or self._recent_long_waits)
+        # Off the main thread (DistributedDataParallel's background all-reduce) a pure-Python
+        # spin would hold the GIL the main thread's backward pass needs: spin briefly, then sleep.
+        patient = not (self.oversubscribed or self._recent_long_waits
+                       or threading.current_thread() is not threading.main_thread())
         spin = _SPIN_CHECKS if patient else _SPIN_CHECKS_SHORT
         long_wait = False
         for peer in range(self.world_size):
