@@ -13,20 +13,29 @@ The server must not fall over because of what a client sends: each connection
 gets its own short-lived thread and a handshake deadline, every length is
 bounded, and any bad byte only closes that connection. A *misconfigured but
 authenticated* worker (a rank taken twice, a different world size) aborts the
-round: the reason goes to every waiting worker and to every worker that joins
-later, because the launch it belongs to cannot form a correct group (whichever
-order the workers arrive in, all of them fail with the same reason). Restart
-the job, server included, to try again.
+round when the server has a token: the reason goes to every waiting worker and
+to every worker that joins later, because the launch it belongs to cannot form
+a correct group (whichever order the workers arrive in, all of them fail with
+the same reason). Restart the job, server included, to try again. Without a
+token anybody can send a JOIN, so a conflicting or malformed one is refused
+alone and the group keeps forming.
+
+Floods: new connections are never refused; when the handshake slots are full
+(in all, or for one client address) the oldest connection that has not sent
+its HELLO is dropped, and each handshake has a short deadline. Workers retry
+a dropped connection until their own timeout.
 """
 from __future__ import annotations
 
 import errno
+import ipaddress
 import os
 import select
 import socket
 import struct
 import threading
 import time
+import warnings
 
 from everyo.errors import EveryODistributedError
 from everyo.distributed.tcp import wire
@@ -38,31 +47,49 @@ _PEER = struct.Struct("<HH")         # port, address length (then the address)
 _PAIR = struct.Struct("<ii")         # connecting rank, accepting rank
 SESSION_BYTES = 16
 MAX_ADDRESS = 255
-_PEER_HANDSHAKE_SECONDS = 5.0        # a stray connection to a worker's port cannot stall it longer
-_MAX_PENDING_HANDSHAKES = 64         # connections being checked at once; more are closed at once
+_PEER_HANDSHAKE_SECONDS = 5.0        # a stray connection to a worker's port is dropped after this
+_MAX_PEER_PENDING = 64               # unverified connections a worker's listener holds at once
+_MAX_PENDING_HANDSHAKES = 64         # connections the server checks at once (the oldest goes first) ...
+_MAX_PENDING_PER_ADDRESS = 16        # ... and at most this many from one address
+_HELLO_SIZE = SESSION_BYTES + 8 + 32  # PEER_HELLO payload: session, pair, MAC
 
 
 def join(host, port, rank, world_size, key, deadline) -> dict:
     """Rendezvous at ``host:port`` and connect to every other rank; returns ``{peer rank: socket}``.
 
+    A connection the server refuses, resets or closes before answering (it is
+    not up yet, or busy shedding a flood of connections) is retried until
+    ``deadline``; only the server's explicit refusal (an ERROR frame), a token
+    mismatch or bytes that are not the protocol end it at once.
+
     Raises ``socket.timeout`` at ``deadline``, :class:`EveryODistributedError`
     (server's refusal, token mismatch, garbage) or ``OSError`` for the caller to reword.
     """
     server = f"the rendezvous server at {host}:{port}"
-    sock = _connect((host, port), deadline, server)
     listener = None
+    pause = 0.02
     try:
-        listener = socket.socket(sock.family, socket.SOCK_STREAM)
-        # Listen on the interface that reaches the server: the one the peers can reach too.
-        listener.bind((sock.getsockname()[0], 0))
-        listener.listen(world_size + 16)
-        session, addresses = _rendezvous(sock, key, rank, world_size, listener, deadline, server)
+        while True:
+            sock = _connect((host, port), deadline, server)
+            try:
+                if listener is None:
+                    listener = socket.socket(sock.family, socket.SOCK_STREAM)
+                    # Listen on the interface that reaches the server: the one the peers can reach too.
+                    listener.bind((sock.getsockname()[0], 0))
+                    listener.listen(world_size + 16)
+                session, addresses = _rendezvous(sock, key, rank, world_size, listener, deadline, server)
+                break
+            except (ConnectionError, BrokenPipeError) as exc:
+                if time.monotonic() + pause >= deadline:
+                    raise socket.timeout(f"{server} kept dropping the connection ({exc})") from None
+                time.sleep(pause)
+                pause = min(pause * 2, 0.5)
+            finally:
+                sock.close()
     except BaseException:
         if listener is not None:
             listener.close()
         raise
-    finally:
-        sock.close()
     with listener:
         return _connect_mesh(listener, key, session, rank, addresses, deadline)
 
@@ -136,18 +163,8 @@ def _connect_mesh(listener, key, session, rank, addresses, deadline):
             if not wire.macs_equal(ack, wire.mac(key, b"ack", session, pair)):
                 raise wire.ProtocolError(f"rank {peer} failed the token check while connecting the group")
         missing = set(range(rank + 1, len(addresses)))
-        while missing:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise socket.timeout("waiting for higher ranks to connect")
-            listener.settimeout(remaining)
-            conn, _ = listener.accept()
-            peer = _accept_peer(conn, key, session, rank, missing, deadline)
-            if peer is None:
-                conn.close()
-            else:
-                missing.discard(peer)
-                socks[peer] = conn
+        if missing:
+            socks.update(_accept_peers(listener, key, session, rank, missing, deadline))
     except BaseException:
         for sock in socks.values():
             sock.close()
@@ -155,26 +172,99 @@ def _connect_mesh(listener, key, session, rank, addresses, deadline):
     return socks
 
 
-def _accept_peer(conn, key, session, rank, missing, deadline):
-    """Check a connection to this rank's listener; return the peer rank, or None to drop it."""
+def _accept_peers(listener, key, session, rank, missing, deadline) -> dict:
+    """Accept the higher ranks' connections; strays and garbage are dropped and delay nobody.
+
+    Every connection is read without blocking, all at once: a stray that sends
+    nothing only holds a slot until its own deadline (or until the slots run
+    out, when the oldest unverified one goes), while genuine peers, which
+    send their PEER_HELLO at once, are verified as soon as it arrives.
+    """
+    frame = wire.HEADER_SIZE + _HELLO_SIZE
+    pending = {}          # socket -> (received bytes, drop-after time), insertion order = age
+    found = {}
+    listener.setblocking(False)
+    poller = select.poll()
     try:
-        wire.tune_socket(conn)
-        limit = min(deadline, time.monotonic() + _PEER_HANDSHAKE_SECONDS)
-        _, hello = wire.recv_frame(conn, (wire.PEER_HELLO,), limit, "a connecting peer", "connecting the group",
-                                   max_length=SESSION_BYTES + _PAIR.size + 32)
+        while missing:
+            now = time.monotonic()
+            if now >= deadline:
+                raise socket.timeout("waiting for higher ranks to connect")
+            for conn in [c for c, (_, limit) in pending.items() if limit <= now]:
+                del pending[conn]
+                conn.close()
+            poller = select.poll()
+            poller.register(listener, select.POLLIN)
+            for conn in pending:
+                poller.register(conn, select.POLLIN)
+            wake = min([deadline] + [limit for _, limit in pending.values()])
+            for fd, _ in poller.poll(max(0.0, min(wake - now, 1.0)) * 1000):
+                if fd == listener.fileno():
+                    while True:
+                        try:
+                            conn, _ = listener.accept()
+                        except (BlockingIOError, InterruptedError):
+                            break
+                        conn.setblocking(False)
+                        if len(pending) >= _MAX_PEER_PENDING:
+                            oldest = next(iter(pending))
+                            del pending[oldest]
+                            oldest.close()
+                        pending[conn] = (bytearray(), min(deadline, time.monotonic() + _PEER_HANDSHAKE_SECONDS))
+                    continue
+                conn = next((c for c in pending if c.fileno() == fd), None)
+                if conn is None:
+                    continue
+                data, limit = pending[conn]
+                try:
+                    chunk = conn.recv(frame - len(data))
+                except (BlockingIOError, InterruptedError):
+                    continue
+                except OSError:
+                    chunk = b""
+                if not chunk:
+                    del pending[conn]
+                    conn.close()
+                    continue
+                data += chunk
+                if len(data) < frame:
+                    continue
+                del pending[conn]
+                peer = _verify_peer(conn, bytes(data), key, session, rank, missing)
+                if peer is None:
+                    conn.close()
+                else:
+                    missing.discard(peer)
+                    found[peer] = conn
+    except BaseException:
+        for conn in list(pending) + list(found.values()):
+            conn.close()
+        raise
+    for conn in pending:
+        conn.close()
+    return found
+
+
+def _verify_peer(conn, data, key, session, rank, missing):
+    """Check a complete PEER_HELLO frame; acknowledge it and return the peer rank, or None to drop it."""
+    try:
+        kind, _, _, _, _, _, length = wire.unpack_header(data[:wire.HEADER_SIZE], "a connecting peer")
+        hello = data[wire.HEADER_SIZE:]
+        if kind != wire.PEER_HELLO or length != _HELLO_SIZE:
+            return None
         pair = hello[SESSION_BYTES:SESSION_BYTES + _PAIR.size]
-        if (len(hello) != SESSION_BYTES + _PAIR.size + 32 or hello[:SESSION_BYTES] != session
-                or not wire.macs_equal(hello[-32:], wire.mac(key, b"peer", session, pair))):
+        if hello[:SESSION_BYTES] != session or not wire.macs_equal(hello[-32:], wire.mac(key, b"peer", session, pair)):
             return None
         peer, target = _PAIR.unpack(pair)
         if target != rank or peer not in missing:
             return None
+        conn.setblocking(True)
+        conn.settimeout(_PEER_HANDSHAKE_SECONDS)
+        wire.tune_socket(conn)
         wire.send_frame(conn, wire.PEER_ACK, wire.mac(key, b"ack", session, pair))
         return peer
-    except (OSError, EveryODistributedError):
+    except (OSError, EveryODistributedError, struct.error):
         return None
-
-
 
 
 class _Member:
@@ -205,7 +295,7 @@ class TCPRendezvousServer:
     """
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0, world_size: int = None, *,
-                 token=None, handshake_timeout: float = 10.0):
+                 token=None, handshake_timeout: float = 3.0):
         if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
             raise ValueError(f"TCPRendezvousServer: world_size must be a positive int, got {world_size!r}")
         self.world_size = world_size
@@ -220,10 +310,16 @@ class TCPRendezvousServer:
                    if exc.errno == errno.EADDRINUSE else "")) from None
         self._listener.setblocking(False)
         self.host, self.port = host, self._listener.getsockname()[1]
+        if not self._key and not _is_loopback(self._listener.getsockname()[0]):
+            warnings.warn(
+                f"TCPRendezvousServer listens on {host or '0.0.0.0'}:{self.port}, beyond this machine, "
+                "without a token: anyone who can reach the port can join the group and read the "
+                f"gradients. Pass token= (the same secret to every worker) or set ${wire.TOKEN_ENV}.",
+                RuntimeWarning, stacklevel=2)
         self._wake_read, self._wake_write = socket.socketpair()
         self._lock = threading.Lock()
         self._members = {}          # rank -> _Member, the round being formed
-        self._handshaking = set()   # connections being checked, shut down by close()
+        self._handshaking = {}      # connection being checked -> [client address, accepted at, stage]
         self._closed = False
         self._aborted = None        # why the launch is misconfigured, once a worker showed it
         self.groups_formed = 0      # rounds completed (for monitoring and tests)
@@ -289,18 +385,43 @@ class TCPRendezvousServer:
                     self._check_member(watched[fd])
 
     def _accept(self):
-        try:
-            conn, client = self._listener.accept()
-        except (BlockingIOError, InterruptedError, OSError):
-            return
-        with self._lock:
-            if len(self._handshaking) >= _MAX_PENDING_HANDSHAKES or self._closed:
-                self.clients_rejected += 1
-                conn.close()
+        """Take every waiting connection; when the slots are full, the oldest unverified one makes room.
+
+        New connections are never refused: a flood of idle ones cannot lock
+        genuine workers out, it only shortens how long each idle one is kept.
+        Slots are bounded per client address and in all; the connection
+        dropped is the oldest one that has not even sent its HELLO (a worker
+        sends it at once), else the oldest.
+        """
+        for _ in range(_MAX_PENDING_HANDSHAKES):
+            try:
+                conn, client = self._listener.accept()
+            except (BlockingIOError, InterruptedError, OSError):
                 return
-            self._handshaking.add(conn)
-        threading.Thread(target=self._handshake, args=(conn, client), daemon=True,
-                         name=f"everyo-rendezvous-client-{client[1]}").start()
+            with self._lock:
+                if self._closed:
+                    conn.close()
+                    return
+                same = [c for c, info in self._handshaking.items() if info[0] == client[0]]
+                if len(same) >= _MAX_PENDING_PER_ADDRESS:
+                    self._evict(same)
+                elif len(self._handshaking) >= _MAX_PENDING_HANDSHAKES:
+                    self._evict(list(self._handshaking))
+                self._handshaking[conn] = [client[0], time.monotonic(), 0]
+            threading.Thread(target=self._handshake, args=(conn, client), daemon=True,
+                             name=f"everyo-rendezvous-client-{client[1]}").start()
+
+    def _evict(self, candidates):
+        """Shut down the oldest silent candidate (else the oldest); its handshake thread then exits."""
+        info = self._handshaking
+        silent = [c for c in candidates if info[c][2] == 0]
+        victim = min(silent or candidates, key=lambda c: info[c][1])
+        del info[victim]
+        self.clients_rejected += 1
+        try:
+            victim.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
 
     def _check_member(self, member):
         """A waiting member's socket became readable: it hung up (or broke the protocol). Drop it."""
@@ -326,6 +447,9 @@ class TCPRendezvousServer:
             deadline = time.monotonic() + self._handshake_timeout
             _, client_nonce = wire.recv_frame(conn, (wire.HELLO,), deadline, who, "the handshake",
                                               max_length=wire.NONCE_BYTES)
+            with self._lock:
+                if original in self._handshaking:
+                    self._handshaking[original][2] = 1   # it spoke: evicted only after the silent ones
             if len(client_nonce) != wire.NONCE_BYTES:
                 raise wire.ProtocolError(f"{who} sent a {len(client_nonce)}-byte nonce")
             server_nonce = wire.nonce()
@@ -349,7 +473,7 @@ class TCPRendezvousServer:
             pass   # timed out, hung up, or sent garbage: drop it quietly
         finally:
             with self._lock:
-                self._handshaking.discard(original)
+                self._handshaking.pop(original, None)
                 if conn is not None:
                     self.clients_rejected += 1
             if conn is not None:
@@ -369,11 +493,18 @@ class TCPRendezvousServer:
                            f"{self.world_size}; give every worker and the server the same world_size")
             elif not 0 <= member.rank < world_size:
                 problem = f"rank {member.rank} from {member.client} is not in [0, {world_size})"
-            elif member.rank in self._members:
+            elif member.rank in self._members and _alive(self._members[member.rank].sock):
                 problem = (f"rank {member.rank} was claimed twice, by workers from "
                            f"{self._members[member.rank].client} and {member.client}; every worker "
                            f"needs a unique rank in [0, {world_size})")
+            elif member.rank in self._members:   # the same worker again, after its connection dropped
+                self._members.pop(member.rank).sock.close()
+            if problem is not None and not self._key:
+                # Without a token anybody can send a JOIN, so a conflicting one proves nothing about
+                # the launch: turn away that client only, and keep forming the group.
+                raise _Refused(f"rendezvous refused this worker: {problem}")
             if problem is not None:
+                # Authenticated workers conflict: the launch itself is misconfigured.
                 self._aborted = problem
                 losers, self._members = [*self._members.values(), member], {}
                 for m in losers:
@@ -401,6 +532,23 @@ class TCPRendezvousServer:
                 pass   # that worker is gone; the others will notice when it never connects
             finally:
                 m.sock.close()
+
+
+def _is_loopback(address: str) -> bool:
+    try:
+        return ipaddress.ip_address(address.split("%")[0]).is_loopback
+    except ValueError:
+        return False
+
+
+def _alive(sock) -> bool:
+    """Whether a waiting member's connection is still open (a worker that retried left a dead one).
+
+    A waiting worker sends nothing, so a readable socket means it hung up (or broke the protocol).
+    """
+    poller = select.poll()
+    poller.register(sock, select.POLLIN)
+    return not poller.poll(0)
 
 
 class _Refused(EveryODistributedError):

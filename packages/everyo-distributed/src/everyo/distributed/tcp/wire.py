@@ -65,9 +65,9 @@ class ProtocolError(EveryODistributedError):
 
 
 def resolve_token(token) -> bytes:
-    """The HMAC key: ``token`` if given, else ``$EVERYO_DIST_TOKEN``, else empty."""
+    """The HMAC key: ``token`` if given, else ``$EVERYO_DIST_TOKEN``, else ``$EVERYO_TOKEN``, else empty."""
     if token is None:
-        token = os.environ.get(TOKEN_ENV, "")
+        token = os.environ.get(TOKEN_ENV) or os.environ.get("EVERYO_TOKEN", "")
     if isinstance(token, str):
         token = token.encode("utf-8")
     if not isinstance(token, (bytes, bytearray)):
