@@ -59,12 +59,20 @@ def find_mpiexec():
     return beside if os.path.exists(beside) else shutil.which("mpiexec")
 
 
-def init_mpi_process_group(comm=None) -> "MPIProcessGroup":
+def init_mpi_process_group(comm=None, *, abort_on_exception: bool = True) -> "MPIProcessGroup":
     """Return a process group over ``comm`` (default ``MPI.COMM_WORLD``).
 
     The group works on a duplicate of ``comm``, so its collectives never
     interleave with the caller's own MPI calls on ``comm``. Every rank of
     ``comm`` must call this (it is collective).
+
+    ``abort_on_exception`` (default True): an exception that nothing catches
+    on any rank prints its traceback and then calls ``MPI.COMM_WORLD.Abort``,
+    so the whole job ends at once, however it was launched. Without it, the
+    failed rank's interpreter waits in ``MPI_Finalize`` for peers that wait in
+    a collective for it: a plain ``mpiexec -n 2 python train.py`` hangs
+    (``python -m mpi4py train.py`` aborts, which is what this does). It wraps
+    ``sys.excepthook`` once per process, keeping the previous hook.
 
     Raises:
         ImportError: mpi4py is not installed (the message gives the pip command).
@@ -74,7 +82,27 @@ def init_mpi_process_group(comm=None) -> "MPIProcessGroup":
         comm = MPI.COMM_WORLD
     if not isinstance(comm, MPI.Comm) or comm == MPI.COMM_NULL:
         raise TypeError(f"init_mpi_process_group: comm must be an mpi4py communicator, got {comm!r}")
+    if abort_on_exception:
+        _install_abort_hook(MPI)
     return MPIProcessGroup(comm.Dup(), MPI)
+
+
+def _install_abort_hook(MPI) -> None:
+    previous = sys.excepthook
+    if getattr(previous, "_everyo_mpi_abort", False):
+        return
+
+    def abort_job(kind, value, tb):
+        try:
+            previous(kind, value, tb)        # the traceback first, while stderr still works
+            sys.stderr.write(f"everyo.distributed_mpi: uncaught {kind.__name__} on rank "
+                             f"{MPI.COMM_WORLD.Get_rank()}: aborting the MPI job (MPI.COMM_WORLD.Abort)\n")
+            sys.stderr.flush()
+        finally:
+            MPI.COMM_WORLD.Abort(1)
+
+    abort_job._everyo_mpi_abort = True
+    sys.excepthook = abort_job
 
 
 def _bytes(array: np.ndarray) -> np.ndarray:
