@@ -219,3 +219,46 @@ def test_workers_die_with_a_killed_parent(tmp_path):
     while [n for n in os.listdir("/dev/shm") if n.startswith(f"everyo_{proc.pid}_")]:
         assert time.monotonic() < deadline, "segments of a killed parent were not cleaned up"
         time.sleep(0.05)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+def test_sigterm_or_sighup_to_the_parent_cleans_up_without_warnings(tmp_path, sig):
+    # 0.1: the parent died at once; the resource tracker then warned about (and unlinked) the segments.
+    proc, workers = start_looping_parent(tmp_path)
+    os.kill(proc.pid, sig)
+    _, stderr = proc.communicate(timeout=30)
+    assert proc.returncode == 128 + sig, stderr
+    assert wait_until_gone(workers) == []
+    assert "resource_tracker" not in stderr and "leaked" not in stderr, stderr
+    assert [n for n in os.listdir("/dev/shm") if n.startswith(f"everyo_{proc.pid}_")] == []
+
+
+def test_a_retained_spawn_exception_holds_no_file_descriptors():
+    import gc
+
+    kept = []
+    spawn_error(shm_workers.raises_on_rank_1)   # warm-up: the resource tracker's own pipe opens once
+    gc.collect()
+    before = len(os.listdir("/proc/self/fd"))
+    for _ in range(3):
+        error, _ = spawn_error(shm_workers.raises_on_rank_1)
+        kept.append(error)           # with its traceback, which references spawn's frame
+    gc.collect()
+    assert len(os.listdir("/proc/self/fd")) == before
+    assert all(e.__traceback__ is not None for e in kept)
+
+
+def test_concurrent_spawns_restore_the_parents_environment(monkeypatch):
+    import threading
+
+    for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "BLIS_NUM_THREADS",
+                 "VECLIB_MAXIMUM_THREADS"):
+        monkeypatch.delenv(name, raising=False)
+    results = []
+    threads = [threading.Thread(target=lambda: results.append(spawn(shm_workers.thread_env, 1))) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert len(results) == 4
+    assert "OMP_NUM_THREADS" not in os.environ and "OPENBLAS_NUM_THREADS" not in os.environ

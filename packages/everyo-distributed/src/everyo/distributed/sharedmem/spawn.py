@@ -13,6 +13,7 @@ import contextlib
 import multiprocessing
 import os
 import signal
+import threading
 import time
 import traceback
 import warnings
@@ -93,33 +94,36 @@ def spawn(worker, world_size: int, args=(), timeout=None, *, stall_timeout=_NOT_
     context = multiprocessing.get_context("spawn")
     processes, pipes = [], []
     try:
-        with _environment(updates):
-            for rank in range(world_size):
-                reader, writer = context.Pipe(duplex=False)
-                pipes.append(reader)
-                process = context.Process(
-                    target=_worker_main,
-                    args=(worker, args, rank, world_size, control_name, writer, os.getpid()),
-                    name=f"everyo-rank-{rank}",
-                )
-                try:
-                    process.start()
-                except Exception as exc:
-                    raise EveryODistributedError(
-                        f"spawn could not start rank {rank}: {type(exc).__name__}: {exc}. The worker "
-                        "and its args are pickled into each new process, so the worker must be a "
-                        "module-level function and args must be picklable."
-                    ) from exc
-                finally:
-                    writer.close()
-                processes.append(process)
-        results = _supervise(processes, pipes, control, timeout, stall_timeout)
-        # Every rank has sent its result; let them exit on their own (flushing their
-        # output) rather than be terminated in the middle of it.
-        _join_all(processes, _EXIT_SECONDS)
-        return results
+        with _termination_raises():
+            with _ENVIRONMENT_LOCK, _environment(updates):
+                for rank in range(world_size):
+                    reader, writer = context.Pipe(duplex=False)
+                    pipes.append(reader)
+                    process = context.Process(
+                        target=_worker_main,
+                        args=(worker, args, rank, world_size, control_name, writer, os.getpid()),
+                        name=f"everyo-rank-{rank}",
+                    )
+                    try:
+                        process.start()
+                    except Exception as exc:
+                        raise EveryODistributedError(
+                            f"spawn could not start rank {rank}: {type(exc).__name__}: {exc}. The worker "
+                            "and its args are pickled into each new process, so the worker must be a "
+                            "module-level function and args must be picklable."
+                        ) from exc
+                    finally:
+                        writer.close()
+                    processes.append(process)
+            results = _supervise(processes, pipes, control, timeout, stall_timeout)
+            # Every rank has sent its result; let them exit on their own (flushing their
+            # output) rather than be terminated in the middle of it.
+            _join_all(processes, _EXIT_SECONDS)
+            return results
     finally:
         _stop(processes)
+        for process in processes:
+            process.close()      # its sentinel fd: a retained exception must not keep it open
         for pipe in pipes:
             pipe.close()
         generation, _ = control.data_segment()
@@ -129,6 +133,41 @@ def spawn(worker, world_size: int, args=(), timeout=None, *, stall_timeout=_NOT_
         for g in range(1, generation + 2):
             unlink_segment(data_segment_name(control_name, g))
         unlink_segment(control_name)
+
+
+# Two spawn calls in different threads must not interleave their save/set/restore of the
+# BLAS variables: the second would save the first's value and put it back for good.
+_ENVIRONMENT_LOCK = threading.Lock()
+
+
+class _Terminated(BaseException):
+    """Raised in the parent by SIGTERM/SIGHUP while spawn runs, so its cleanup runs too."""
+
+
+@contextlib.contextmanager
+def _termination_raises():
+    """While spawn runs (main thread only), SIGTERM and SIGHUP raise instead of killing the parent
+    outright, so the workers are stopped and the segments unlinked (the resource tracker would
+    otherwise warn about them); the previous handlers come back afterwards."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {}
+
+    def handler(signum, frame):
+        raise _Terminated(f"spawn's parent received {signal.Signals(signum).name}")
+
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        if signal.getsignal(sig) is signal.SIG_DFL:   # leave a handler the program installed alone
+            previous[sig] = signal.signal(sig, handler)
+    try:
+        yield
+    except _Terminated as exc:
+        signum = signal.SIGTERM if "SIGTERM" in str(exc) else signal.SIGHUP
+        raise SystemExit(128 + signum) from None
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
 
 
 @contextlib.contextmanager
