@@ -283,3 +283,12 @@ def everyone_works_then_meets(group):
     time.sleep(1.5)
     group.barrier()
     return group.rank
+
+
+def large_pair_reductions(group):
+    """Two ranks' float all-reduces above the split threshold (each rank reduces all of it directly)."""
+    out = {}
+    for dtype in ("float16", "float32", "float64"):
+        x = rank_data(group.rank, dtype, 100_003)
+        out[dtype] = (group.all_reduce_sum(x), group.all_reduce_mean(x))
+    return out

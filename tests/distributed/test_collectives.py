@@ -153,6 +153,17 @@ def test_mismatched_all_gather_raises_on_every_rank(backends, backend):
         assert all(all(f"size={n}" in m for n in (5, 6, 7)) for m in named)
 
 
+def test_two_rank_large_float_reductions_on_shared_memory():
+    from everyo.distributed import spawn
+
+    results = spawn(shm_workers.large_pair_reductions, 2, timeout=60)
+    for dtype in ("float16", "float32", "float64"):
+        for mean in (False, True):
+            want = shm_workers.rank_order_reference(dtype, 100_003, mean, 2)
+            for r in results:
+                assert r[dtype][mean].tobytes() == want.tobytes(), (dtype, mean)
+
+
 def test_local_refusals_do_not_break_the_group():
     from test_tcp_collectives import run_in_threads
 

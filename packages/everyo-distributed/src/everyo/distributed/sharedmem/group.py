@@ -37,6 +37,7 @@ __all__ = ["SharedMemoryGroup", "data_segment_name"]
 _MIN_CAPACITY = 1 << 16
 _SPLIT_ELEMENTS = 1 << 15   # below this, splitting costs more in Python overhead than it saves
 _ALIGN = 4096
+_DIRECT_PAIRS = True        # see _all_reduce (a switch for the benchmark's A/B comparison)
 
 
 def data_segment_name(control_name: str, generation: int) -> str:
@@ -107,7 +108,10 @@ class SharedMemoryGroup(ProcessGroup):
         self._exchange(record, data, writes=True)
         world, n = self._world_size, data.size
         slots = [self._slot(r, data.dtype, n) for r in range(world)]
-        if n < _SPLIT_ELEMENTS or world == 1:
+        if n < _SPLIT_ELEMENTS or world == 1 or (world == 2 and data.dtype.kind == "f" and _DIRECT_PAIRS):
+            # Two ranks' float reduction is one add (or add and halve) in the input dtype, as cheap
+            # as the copy out of a split reduction would be: every rank reduces everything straight
+            # into its own result, saving the result slot's round trip and a barrier.
             out = reduce_in_rank_order(slots, op)
         else:
             result = self._slot(world, data.dtype, n)
