@@ -138,7 +138,7 @@ class DistributedDataParallel(Module):
         self._jobs = queue.SimpleQueue()
         self._worker = None
         self._handles = [p.register_post_accumulate_grad_hook(self._on_grad_ready) for p in params]
-        # Time the background thread spent in collectives, and the part of it backward() waited for
+        # Time the background thread spent on buckets (flatten + all-reduce), and the part of it backward() waited for
         # at its end (not hidden behind the rest of backward); benchmarks/bench_ddp.py prints both.
         self.comm_seconds = 0.0
         self.wait_seconds = 0.0
@@ -290,8 +290,8 @@ class DistributedDataParallel(Module):
             current, b = jobs.get()
             try:
                 if current.error is None:
-                    flat = self._buckets[b].flatten()
                     start = time.perf_counter()
+                    flat = self._buckets[b].flatten()
                     current.results[b] = self.group.all_reduce_mean(flat)
                     self.comm_seconds = self.comm_seconds + time.perf_counter() - start
             except BaseException as exc:  # noqa: B902 - handed to the main thread
