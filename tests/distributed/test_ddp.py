@@ -142,6 +142,35 @@ def test_different_models_are_named_with_the_parameter_and_the_ranks():
         assert "rank 1: parameter '0.weight' shape (16, 31) float32" in message
 
 
+def test_a_dropped_wrapper_is_collected_and_its_thread_ends():
+    import gc
+    import threading
+    import time
+    import weakref
+
+    from test_tcp_collectives import run_in_threads
+
+    def body(group):
+        from everyo.distributed import DistributedDataParallel
+
+        model = DistributedDataParallel(ddp_workers.build("mlp", seed=0), group)
+        x, y = ddp_workers.data("mlp")
+        ddp_workers.loss_of(model, x[:8], y[:8]).backward()
+        thread, ref = model._worker, weakref.ref(model)
+        assert thread.is_alive() and model.comm_seconds > 0 and model.wait_seconds >= 0
+        del model
+        gc.collect()
+        assert ref() is None
+        deadline = time.monotonic() + 10
+        while thread.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return thread.is_alive()
+
+    results, errors, _ = run_in_threads(1, body)
+    assert errors == [None] and results == [False]
+    assert not [t for t in threading.enumerate() if t.name.startswith("everyo-ddp")]
+
+
 def test_autocast_and_grad_scaler_take_the_same_skip_decision_on_every_rank():
     pytest.importorskip("everyo.amp")
     from everyo.distributed import spawn

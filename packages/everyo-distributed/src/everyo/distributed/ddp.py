@@ -22,6 +22,7 @@ import hashlib
 import queue
 import threading
 import time
+import weakref
 from typing import List, Optional
 
 import numpy as np
@@ -75,6 +76,7 @@ class _Pass:
         self.done = [threading.Event() for _ in buckets]
         self.results: List[Optional[np.ndarray]] = [None] * len(buckets)
         self.error: Optional[BaseException] = None
+        self.seconds = 0.0      # the background thread's time on this pass's buckets
 
 
 class DistributedDataParallel(Module):
@@ -248,7 +250,7 @@ class DistributedDataParallel(Module):
                 return
             current.launched += 1
             self._ensure_worker()
-            self._jobs.put((current, b))
+            self._jobs.put((current, b, self._buckets[b], self.group))
 
     def _finish_pass(self) -> None:
         """End of backward: send what is left, wait for every bucket, write the averages back."""
@@ -259,6 +261,7 @@ class DistributedDataParallel(Module):
             for event in current.done:
                 event.wait()
             self.wait_seconds += time.perf_counter() - start
+            self.comm_seconds += current.seconds
             if current.error is not None:
                 raise EveryODistributedError(
                     f"DistributedDataParallel: averaging the gradients failed on rank {self.group.rank}: "
@@ -280,27 +283,39 @@ class DistributedDataParallel(Module):
     # -- the background thread ------------------------------------------------------------------
     def _ensure_worker(self) -> None:
         if self._worker is None or not self._worker.is_alive():
-            worker = threading.Thread(target=self._work, name=f"everyo-ddp-rank{self.group.rank}", daemon=True)
+            # The thread holds the queue and a weak reference only, so a dropped wrapper is
+            # collected and its thread ends (within _IDLE_CHECK_SECONDS).
+            worker = threading.Thread(target=_serve, args=(self._jobs, weakref.ref(self)),
+                                      name=f"everyo-ddp-rank{self.group.rank}", daemon=True)
             self._worker = worker
             worker.start()
 
-    def _work(self) -> None:
-        jobs = self._jobs
-        while True:
-            current, b = jobs.get()
-            try:
-                if current.error is None:
-                    start = time.perf_counter()
-                    flat = self._buckets[b].flatten()
-                    current.results[b] = self.group.all_reduce_mean(flat)
-                    self.comm_seconds = self.comm_seconds + time.perf_counter() - start
-            except BaseException as exc:  # noqa: B902 - handed to the main thread
-                current.error = exc
-            finally:
-                current.done[b].set()
-
     def extra_repr(self):
         return f"world_size={self.group.world_size}, buckets={len(self._buckets)}, bucket_cap_mb={self.bucket_cap_mb}"
+
+
+_IDLE_CHECK_SECONDS = 2.0
+
+
+def _serve(jobs, owner) -> None:
+    """The background thread: average buckets in the order queued; end once the wrapper is gone."""
+    while True:
+        try:
+            current, b, bucket, group = jobs.get(timeout=_IDLE_CHECK_SECONDS)
+        except queue.Empty:
+            if owner() is None:
+                return
+            continue
+        try:
+            if current.error is None:
+                start = time.perf_counter()
+                current.results[b] = group.all_reduce_mean(bucket.flatten())
+                current.seconds += time.perf_counter() - start
+        except BaseException as exc:  # noqa: B902 - handed to the main thread
+            current.error = exc
+        finally:
+            current.done[b].set()
+        del current, bucket, group
 
 
 def _make_buckets(params, cap_bytes: int) -> List[_Bucket]:
