@@ -52,7 +52,6 @@ import os
 import socket
 import sys
 import time
-import warnings
 
 import numpy as np
 

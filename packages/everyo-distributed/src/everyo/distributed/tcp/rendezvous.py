@@ -514,6 +514,7 @@ class TCPRendezvousServer:
                 self._wake()
                 return
             self._members[member.rank] = member
+            self._handshaking.pop(member.sock, None)   # a member now: never evicted as a pending handshake
             if len(self._members) < self.world_size:
                 self._wake()   # start watching this member for a disconnect
                 return
