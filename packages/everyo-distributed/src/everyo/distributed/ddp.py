@@ -90,9 +90,12 @@ class DistributedDataParallel(Module):
         broadcast_buffers: also take rank 0's buffers (e.g. BatchNorm running
             statistics) at construction and before every forward pass in training mode.
 
-    Every rank must run the same number of forward/backward passes, synchronized
-    or under :meth:`no_sync` alike, because each synchronized backward pass runs
-    the same collectives on every rank.
+    Every rank must run the same number of synchronized backward passes, and
+    each must reach at least one parameter on every rank (the first gradient
+    hook is what starts the pass's communication): each synchronized backward
+    runs the same collectives on every rank. A rank that skipped one would
+    leave its peers waiting (``spawn``'s ``stall_timeout`` or the TCP group's
+    ``timeout`` then names it).
 
     Parameters that got no gradient. Every synchronized backward averages every
     parameter's current ``.grad``: one whose ``.grad`` is ``None`` on some ranks
