@@ -32,7 +32,7 @@ import threading
 import time
 
 from everyo.errors import EveryODistributedError
-from everyo.distributed.protocol import CollectiveRecord
+from everyo.distributed.protocol import HINT, CollectiveRecord
 from everyo.distributed.sharedmem.segment import Segment, attach_segment, create_segment
 
 __all__ = ["ControlBlock", "RUNNING", "RETURNED", "FAILED", "PeerAbortedError"]
@@ -222,9 +222,7 @@ class ControlBlock:
                 # Re-read the counter: the peer stores it before its state.
                 raise EveryODistributedError(
                     f"rank {self.rank} is waiting in {record.describe()} but rank {peer} "
-                    f"{_STATE_NAMES[words[state_index]]} without calling it. Every rank must call "
-                    "the same collectives the same number of times; the usual cause is a rank that "
-                    "took a different path through the loop."
+                    f"{_STATE_NAMES[words[state_index]]} without calling it. {HINT}"
                 )
             now = time.monotonic()
             if now - start < _YIELD_SECONDS:

@@ -20,6 +20,7 @@ import warnings
 from multiprocessing import connection
 
 from everyo.errors import EveryODistributedError
+from everyo.distributed.protocol import HINT
 from everyo.distributed.sharedmem.control import ControlBlock, PeerAbortedError
 from everyo.distributed.sharedmem.segment import new_segment_name, unlink_segment
 from everyo.distributed.sharedmem.group import SharedMemoryGroup, data_segment_name
@@ -31,11 +32,7 @@ DEFAULT_STALL_TIMEOUT = 600.0   # as long as PyTorch's NCCL watchdog waits by de
 _STALL_CHECK_SECONDS = 0.25     # how often the parent looks at the barrier counters
 _GRACE_SECONDS = 1.0   # after a failure: how long the other ranks get to stop on their own
 _EXIT_SECONDS = 10.0   # after success: how long the ranks get to exit before being terminated
-_TIMEOUT_HINT = (
-    "If spawn times out, the usual cause is a rank that took a different path through the "
-    "loop: every rank must call the same collectives the same number of times, or the ones "
-    "that reached the barrier wait forever for the one that did not."
-)
+_TIMEOUT_HINT = "If spawn times out: " + HINT[0].lower() + HINT[1:]
 
 
 _NOT_GIVEN = object()
