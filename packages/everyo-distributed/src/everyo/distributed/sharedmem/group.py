@@ -108,10 +108,12 @@ class SharedMemoryGroup(ProcessGroup):
         self._exchange(record, data, writes=True)
         world, n = self._world_size, data.size
         slots = [self._slot(r, data.dtype, n) for r in range(world)]
-        if n < _SPLIT_ELEMENTS or world == 1 or (world == 2 and data.dtype.kind == "f" and _DIRECT_PAIRS):
-            # Two ranks' float reduction is one add (or add and halve) in the input dtype, as cheap
-            # as the copy out of a split reduction would be: every rank reduces everything straight
-            # into its own result, saving the result slot's round trip and a barrier.
+        if n < _SPLIT_ELEMENTS or world == 1 or (world == 2 and op == "sum" and data.dtype.kind == "f"
+                                                 and _DIRECT_PAIRS):
+            # Two ranks' float sum is one add in the input dtype, no dearer than the copy out of a
+            # split reduction: every rank adds everything straight into its own result, saving the
+            # result slot's round trip and a barrier. (The mean's add, halve and finiteness check
+            # cost more than that copy, so the mean stays split.)
             out = reduce_in_rank_order(slots, op)
         else:
             result = self._slot(world, data.dtype, n)
