@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import queue
+import collections
 import threading
 import time
 import weakref
@@ -140,7 +140,7 @@ class DistributedDataParallel(Module):
         self._where = where
         self._sync = True
         self._pass = None
-        self._jobs = queue.SimpleQueue()
+        self._jobs = _Jobs()
         self._worker = None
         self._handles = [p.register_post_accumulate_grad_hook(self._on_grad_ready) for p in params]
         # Time the background thread spent on buckets (flatten + all-reduce), and the part of it backward() waited for
@@ -255,14 +255,31 @@ class DistributedDataParallel(Module):
             self._ensure_worker()
             self._jobs.put((current, b, self._buckets[b], self.group))
 
+    def _wait_for(self, current: _Pass) -> None:
+        """Wait until every bucket of ``current`` is averaged, averaging queued ones here meanwhile.
+
+        When the background thread is idle, the main thread takes the next
+        queued bucket itself (still one at a time, in bucket order): at the end
+        of backward there is nothing left to overlap with, and handing a bucket
+        to another thread only adds its wake-up latency.
+        """
+        jobs = self._jobs
+        while not all(event.is_set() for event in current.done):
+            job = jobs.take(block=False)
+            if job is None:
+                with jobs.cond:
+                    if not all(event.is_set() for event in current.done):
+                        jobs.cond.wait(0.1)
+                continue
+            _run(jobs, job)
+
     def _finish_pass(self) -> None:
         """End of backward: send what is left, wait for every bucket, write the averages back."""
         current = self._pass
         try:
             self._launch(current, all_left=True)
             start = time.perf_counter()
-            for event in current.done:
-                event.wait()
+            self._wait_for(current)
             self.wait_seconds += time.perf_counter() - start
             self.comm_seconds += current.seconds
             if current.error is not None:
@@ -279,8 +296,7 @@ class DistributedDataParallel(Module):
         current = self._pass
         if current is not None:
             self._launch(current, all_left=True)
-            for event in current.done:
-                event.wait()
+            self._wait_for(current)
             self._pass = None
 
     # -- the background thread ------------------------------------------------------------------
@@ -300,25 +316,64 @@ class DistributedDataParallel(Module):
 _IDLE_CHECK_SECONDS = 2.0
 
 
-def _serve(jobs, owner) -> None:
+class _Jobs:
+    """Buckets waiting to be averaged, in bucket order, and whether one is being averaged now.
+
+    Whoever takes a job (the background thread, or the main thread at the end
+    of backward) holds ``busy`` until it is done, so the group runs one
+    collective at a time, in the same order on every rank.
+    """
+
+    def __init__(self):
+        self.cond = threading.Condition()
+        self.pending = collections.deque()
+        self.busy = False
+
+    def put(self, job) -> None:
+        with self.cond:
+            self.pending.append(job)
+            self.cond.notify_all()
+
+    def take(self, block: bool, timeout: float = None):
+        """The next job (now marked busy), or None (nothing to take, or another job is running)."""
+        with self.cond:
+            if block:
+                self.cond.wait_for(lambda: self.pending and not self.busy, timeout)
+            if not self.pending or self.busy:
+                return None
+            self.busy = True
+            return self.pending.popleft()
+
+    def finished(self) -> None:
+        with self.cond:
+            self.busy = False
+            self.cond.notify_all()
+
+
+def _run(jobs: _Jobs, job) -> None:
+    current, b, bucket, group = job
+    try:
+        if current.error is None:
+            start = time.perf_counter()
+            current.results[b] = group.all_reduce_mean(bucket.flatten())
+            current.seconds += time.perf_counter() - start
+    except BaseException as exc:  # noqa: B902 - handed to the main thread
+        current.error = exc
+    finally:
+        current.done[b].set()
+        jobs.finished()
+
+
+def _serve(jobs: _Jobs, owner) -> None:
     """The background thread: average buckets in the order queued; end once the wrapper is gone."""
     while True:
-        try:
-            current, b, bucket, group = jobs.get(timeout=_IDLE_CHECK_SECONDS)
-        except queue.Empty:
+        job = jobs.take(block=True, timeout=_IDLE_CHECK_SECONDS)
+        if job is None:
             if owner() is None:
                 return
             continue
-        try:
-            if current.error is None:
-                start = time.perf_counter()
-                current.results[b] = group.all_reduce_mean(bucket.flatten())
-                current.seconds += time.perf_counter() - start
-        except BaseException as exc:  # noqa: B902 - handed to the main thread
-            current.error = exc
-        finally:
-            current.done[b].set()
-        del current, bucket, group
+        _run(jobs, job)
+        del job
 
 
 def _make_buckets(params, cap_bytes: int) -> List[_Bucket]:
