@@ -278,9 +278,10 @@ def more_collectives_battery(group):
     return out
 
 
-def everyone_works_then_meets(group):
-    """Every rank computes for a while outside the collectives (nobody waits), then a barrier."""
-    time.sleep(1.5)
+def everyone_works_then_meets(group, seconds=1.5):
+    """In step, every rank computes for a while outside the collectives (nobody waits), then a barrier."""
+    group.barrier()
+    time.sleep(seconds)
     group.barrier()
     return group.rank
 

@@ -87,7 +87,9 @@ def test_a_rank_stuck_outside_the_collectives_is_named_without_any_timeout():
 
 
 def test_long_work_on_every_rank_is_not_a_stall():
-    assert spawn(shm_workers.everyone_works_then_meets, 2, stall_timeout=0.5) == [0, 1]
+    # 4 s of work on every rank, longer than stall_timeout: nobody waits, so nothing trips.
+    # (stall_timeout stays above the ranks' start-up skew, which a loaded machine can stretch.)
+    assert spawn(shm_workers.everyone_works_then_meets, 2, args=(4.0,), stall_timeout=3.0) == [0, 1]
 
 
 def test_the_stall_check_is_on_by_default_and_off_only_with_a_warning():
@@ -98,9 +100,9 @@ def test_the_stall_check_is_on_by_default_and_off_only_with_a_warning():
     assert spawn_module.DEFAULT_STALL_TIMEOUT == 600.0
     assert inspect.signature(spawn).parameters["stall_timeout"].default is spawn_module._NOT_GIVEN
     with pytest.warns(RuntimeWarning, match="stuck outside the collectives will make spawn wait forever"):
-        assert spawn(shm_workers.everyone_works_then_meets, 2, stall_timeout=None) == [0, 1]
+        assert spawn(shm_workers.everyone_works_then_meets, 2, args=(0.0,), stall_timeout=None) == [0, 1]
     with pytest.raises(ValueError, match="stall_timeout must be positive"):
-        spawn(shm_workers.everyone_works_then_meets, 2, stall_timeout=0)
+        spawn(shm_workers.everyone_works_then_meets, 2, args=(0.0,), stall_timeout=0)
 
 
 def test_unpicklable_result_is_a_clear_error():
