@@ -19,6 +19,6 @@ implementation lives in :mod:`everyo.distributed.tcp`; this module is its
 public face.
 """
 from everyo.distributed.tcp.group import TCPProcessGroup, init_tcp_process_group
-from everyo.distributed.tcp.rendezvous import TCPRendezvousServer
+from everyo.distributed.tcp.server import TCPRendezvousServer
 
 __all__ = ["TCPRendezvousServer", "init_tcp_process_group", "TCPProcessGroup"]

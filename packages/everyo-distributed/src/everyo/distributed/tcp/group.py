@@ -58,7 +58,7 @@ import numpy as np
 from everyo.errors import EveryODistributedError
 from everyo.distributed.protocol import HINT, CollectiveRecord, ProcessGroup, reduce_in_rank_order, split_blocks
 from everyo.distributed.tcp import rendezvous, wire
-from everyo.distributed.tcp.rendezvous import TCPRendezvousServer
+from everyo.distributed.tcp.server import TCPRendezvousServer
 
 __all__ = ["TCPRendezvousServer", "init_tcp_process_group", "TCPProcessGroup"]
 
