@@ -3,6 +3,7 @@
     OMP_NUM_THREADS=1 python examples/distributed_training.py
     python examples/distributed_training.py --backend tcp    # TCP process group on 127.0.0.1
     python examples/distributed_training.py --backend mpi    # mpi4py, ranks started by mpiexec
+    python examples/distributed_training.py --ddp            # DistributedDataParallel + DistributedSampler
 
 Trains the spec's workload (a 64-128-128-1 MLP, 4096 samples, 60 SGD steps)
 in one process, then with 1, 2 and 4 workers started by
@@ -12,6 +13,10 @@ training time (median over repeats of the slowest rank's loop, process start
 excluded), the largest weight difference from single-process training, and
 whether every rank ended with bit-identical weights. ``--backend`` picks the
 process group (shared memory by default); the training loop is the same for all.
+``--ddp`` wraps the model in ``DistributedDataParallel`` (rank 0's weights
+broadcast, gradients averaged in buckets while backward runs) and takes each
+rank's rows from ``DistributedSampler`` instead of calling
+``average_gradients`` after backward on a ``shard_indices`` shard.
 
 Exits non-zero if the drift is not at float32 rounding level (1e-5) or the
 ranks disagree; timings are printed, never checked.
@@ -28,7 +33,8 @@ import warnings
 import numpy as np
 
 import everyo as eo
-from everyo.distributed import available_cores, average_gradients, shard_indices, spawn
+from everyo.distributed import (DistributedDataParallel, DistributedSampler, available_cores, average_gradients,
+                                shard_indices, spawn)
 
 SAMPLES, FEATURES, STEPS, LR = 4096, 64, 60, 0.05
 DRIFT_LIMIT = 1e-5
@@ -51,31 +57,40 @@ def make_data(seed=0):
     return inputs, targets
 
 
-def train(inputs, targets, steps, group=None):
-    """The spec's loop; with ``group`` it trains this rank's shard and averages gradients."""
+def train(inputs, targets, steps, group=None, ddp=False):
+    """The spec's loop; with ``group`` it trains this rank's rows and averages gradients.
+
+    Every step is one full batch of all the rows, so the ranks' rows together are the
+    global batch either way (``shard_indices``' blocks, or the sampler's strided share).
+    """
     model = build_model()
+    if group is not None and ddp:
+        model = DistributedDataParallel(model, group)
     optimizer = eo.SGD(model.parameters(), lr=LR)
     if group is not None:
-        rows = shard_indices(len(inputs), group.rank, group.world_size)
+        if ddp:
+            rows = DistributedSampler(len(inputs), group, shuffle=False).indices()
+        else:
+            rows = shard_indices(len(inputs), group.rank, group.world_size)
         inputs, targets = inputs[rows], targets[rows]
     xs, ys = eo.tensor(inputs), eo.tensor(targets)
     for _ in range(steps):
         optimizer.zero_grad()
         residual = model(xs) - ys
         eo.mean(residual * residual).backward()
-        if group is not None:
-            average_gradients(model.parameters(), group)
+        if group is not None and not ddp:
+            average_gradients(model.parameters(), group)   # (DDP averaged them during backward)
         optimizer.step()
     return [p.data.copy() for p in model.parameters()]
 
 
-def worker(group, inputs, targets, steps, repeats):
+def worker(group, inputs, targets, steps, repeats, ddp=False):
     """Train ``repeats`` times from scratch; return the weights, the loop times and the rows."""
     seconds = []
     for _ in range(repeats):
         group.barrier()            # start the clock together: the slowest rank sets the pace
         start = time.perf_counter()
-        weights = train(inputs, targets, steps, group)
+        weights = train(inputs, targets, steps, group, ddp)
         group.barrier()
         seconds.append(time.perf_counter() - start)
     rows = len(shard_indices(len(inputs), group.rank, group.world_size))
@@ -122,11 +137,12 @@ def launch_mpi(worker_fn, world_size, args):
     mpiexec = find_mpiexec()
     if mpiexec is None:
         raise SystemExit("mpiexec not found (pip install everyo-distributed[mpi] installs mpich's)")
-    _, _, steps, repeats = args
+    _, _, steps, repeats, ddp = args
     threads, _ = worker_thread_env(world_size)
     with tempfile.TemporaryDirectory() as out_dir:
         subprocess.run([mpiexec, "-n", str(world_size), sys.executable, os.path.abspath(__file__),
-                        "--mpi-child", out_dir, "--steps", str(steps), "--repeats", str(repeats)],
+                        "--mpi-child", out_dir, "--steps", str(steps), "--repeats", str(repeats)]
+                       + (["--ddp"] if ddp else []),
                        check=True, env={**os.environ, **threads})
         results = []
         for rank in range(world_size):
@@ -136,12 +152,12 @@ def launch_mpi(worker_fn, world_size, args):
     return results
 
 
-def mpi_child(out_dir, steps, repeats):
+def mpi_child(out_dir, steps, repeats, ddp):
     """One MPI rank (under mpiexec): the same worker, on an MPI group, the same data."""
     from everyo.distributed_mpi import init_mpi_process_group
 
     with init_mpi_process_group() as group:
-        weights, seconds, rows = worker(group, *make_data(), steps, repeats)
+        weights, seconds, rows = worker(group, *make_data(), steps, repeats, ddp)
         np.savez(os.path.join(out_dir, f"rank{group.rank}.npz"), layers=len(weights), seconds=seconds,
                  rows=rows, **{f"w{i}": w for i, w in enumerate(weights)})
 
@@ -159,10 +175,12 @@ def main(argv=None):
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2, 4])
     parser.add_argument("--steps", type=int, default=STEPS)
     parser.add_argument("--repeats", type=int, default=3, help="timed repeats per run (median shown)")
+    parser.add_argument("--ddp", action="store_true",
+                        help="DistributedDataParallel + DistributedSampler instead of average_gradients")
     parser.add_argument("--mpi-child", metavar="DIR", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.mpi_child:
-        return mpi_child(args.mpi_child, args.steps, args.repeats)
+        return mpi_child(args.mpi_child, args.steps, args.repeats, args.ddp)
     launch = LAUNCHERS[args.backend]
 
     if "OMP_NUM_THREADS" not in os.environ:
@@ -175,7 +193,8 @@ def main(argv=None):
         reference = train(inputs, targets, args.steps)
         baseline_times.append(time.perf_counter() - start)
 
-    print(f"{args.steps} steps of a {FEATURES}-128-128-1 MLP over {SAMPLES} samples, backend {args.backend}, "
+    how = "DistributedDataParallel" if args.ddp else "average_gradients"
+    print(f"{args.steps} steps of a {FEATURES}-128-128-1 MLP over {SAMPLES} samples, backend {args.backend}, {how}, "
           f"{available_cores()} cores, OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}")
     print(f"single process (no spawn): {statistics.median(baseline_times):.2f} s\n")
     print(f"{'workers':>8} {'rows/worker':>13} {'seconds':>10} {'max drift':>12} {'ranks agree':>13}")
@@ -185,7 +204,7 @@ def main(argv=None):
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             started = time.perf_counter()
-            results = launch(worker, world_size, (inputs, targets, args.steps, args.repeats))
+            results = launch(worker, world_size, (inputs, targets, args.steps, args.repeats, args.ddp))
             wall = time.perf_counter() - started
         notes += [f"{world_size} workers: {w.message}" for w in caught]
         weights = [r[0] for r in results]

@@ -205,3 +205,91 @@ def loops_forever(group, pid_dir):
     while True:
         group.all_reduce_sum(x)
         time.sleep(0.005)
+
+
+# -- all_gather, reduce_scatter, broadcast from every root, bfloat16: the same battery on every backend --
+
+def gather_dtypes():
+    try:
+        import ml_dtypes  # noqa: F401
+    except ImportError:
+        return DTYPES + ("bool",)
+    return DTYPES + ("bool", "bfloat16")
+
+
+GATHER_SIZES = (0, 1, 7, 100_003)
+SCATTER_ROWS = (0, 1, 2, 5, 40_001)   # fewer rows than ranks too; 40_001 x 3 float64 > 64 KiB
+
+
+def as_dtype(name):
+    if name == "bfloat16":
+        import ml_dtypes
+
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(name)
+
+
+def rank_array(rank, dtype, shape):
+    """Deterministic per-rank input of any dtype the collectives take (bfloat16 included)."""
+    size = int(np.prod(shape))
+    rng = np.random.default_rng([rank, size, len(dtype)])
+    if dtype == "bool":
+        return (rng.integers(0, 2, size) == 1).reshape(shape)
+    if dtype in ("bfloat16", "float16", "float32", "float64"):
+        return (rng.standard_normal(size) * 10).astype(as_dtype(dtype)).reshape(shape)
+    return rng.integers(0, 100, size).astype(dtype).reshape(shape)
+
+
+def bits(array):
+    """An array's exact bits as a plain NumPy array (saves bfloat16 through np.savez too)."""
+    array = np.ascontiguousarray(array)
+    return array.view(np.uint8).reshape(array.shape + (array.dtype.itemsize,))
+
+
+def more_collectives_battery(group):
+    """all_gather, reduce_scatter_sum/mean, broadcast from every root, bfloat16 all-reduce, then a mismatch.
+
+    Returns ``{name: bits}`` (see :func:`bits`) plus ``"mismatch"``: the error the last, mismatched call raised.
+    """
+    out = {}
+    for dtype in gather_dtypes():
+        for size in GATHER_SIZES:
+            out[f"gather|{dtype}|{size}"] = bits(group.all_gather(rank_array(group.rank, dtype, (size,))))
+        if dtype == "bool":
+            continue
+        for rows in SCATTER_ROWS:
+            x = rank_array(group.rank, dtype, (rows, 3))
+            out[f"rs_sum|{dtype}|{rows}"] = bits(group.reduce_scatter_sum(x))
+            if as_dtype(dtype).kind in "fV":
+                out[f"rs_mean|{dtype}|{rows}"] = bits(group.reduce_scatter_mean(x))
+        for root in range(group.world_size):
+            out[f"bcast|{dtype}|{root}"] = bits(group.broadcast(rank_array(group.rank, dtype, (100_003,)), root=root))
+    if "bfloat16" in gather_dtypes():
+        for size in (7, 100_003):
+            x = rank_array(group.rank, "bfloat16", (size,))
+            out[f"ar_sum|bfloat16|{size}"] = bits(group.all_reduce_sum(x))
+            out[f"ar_mean|bfloat16|{size}"] = bits(group.all_reduce_mean(x))
+    try:
+        group.all_gather(np.ones(5 + group.rank, np.float32))   # sizes 5, 6, 7: every rank must raise
+    except Exception as exc:  # noqa: BLE001 - recorded for the test
+        out["mismatch"] = f"{type(exc).__name__}: {exc}"
+    else:
+        out["mismatch"] = "no error"
+    return out
+
+
+def everyone_works_then_meets(group, seconds=1.5):
+    """In step, every rank computes for a while outside the collectives (nobody waits), then a barrier."""
+    group.barrier()
+    time.sleep(seconds)
+    group.barrier()
+    return group.rank
+
+
+def large_pair_reductions(group):
+    """Two ranks' float all-reduces above the split threshold (each rank reduces all of it directly)."""
+    out = {}
+    for dtype in ("float16", "float32", "float64"):
+        x = rank_data(group.rank, dtype, 100_003)
+        out[dtype] = (group.all_reduce_sum(x), group.all_reduce_mean(x))
+    return out

@@ -11,10 +11,11 @@ EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "distributed_traini
 
 
 @pytest.mark.usefixtures("no_leftovers")
-def test_example_prints_the_table_with_drift_and_agreement():
+@pytest.mark.parametrize("extra", [[], ["--ddp"]])
+def test_example_prints_the_table_with_drift_and_agreement(extra):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(sys.path)}
     proc = subprocess.run([sys.executable, str(EXAMPLE), "--workers", "1", "2", "--steps", "5",
-                           "--repeats", "1"], capture_output=True, text=True, env=env, timeout=300)
+                           "--repeats", "1"] + extra, capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rows = re.findall(r"^\s+(\d+)\s+(\d+)\s+([\d.]+)\s+([\d.e+-]+)\s+(True|False)$", proc.stdout, re.M)
     assert [(r[0], r[1]) for r in rows] == [("1", "4096"), ("2", "2048")], proc.stdout

@@ -22,9 +22,9 @@ import shm_workers
 pytestmark = pytest.mark.usefixtures("no_leftovers")
 
 
-def spawn_error(worker, world_size=2, timeout=60):
+def spawn_error(worker, world_size=2, timeout=60, **kwargs):
     with pytest.raises(EveryODistributedError) as info:
-        spawn(worker, world_size, timeout=timeout)
+        spawn(worker, world_size, timeout=timeout, **kwargs)
     return info.value, str(info.value)
 
 
@@ -75,6 +75,34 @@ def test_timeout_names_unfinished_ranks_and_gives_the_hint():
     assert "rank 0: waiting in barrier() as collective #0" in message
     assert "rank 1: had not called any collective" in message
     assert "a rank that took a different path through the loop" in message
+
+
+def test_a_rank_stuck_outside_the_collectives_is_named_without_any_timeout():
+    # 0.1 waited forever here (timeout=None): rank 0 sat in the barrier, rank 1 slept 60 s.
+    error, message = spawn_error(shm_workers.hangs_on_rank_1, timeout=None, stall_timeout=1.0)
+    assert error.rank == 1
+    assert "rank(s) 1 stuck outside the collectives: rank(s) 0 waited" in message
+    assert "in barrier() as collective #0 (stall_timeout=1 s)" in message
+    assert "rank 1: running, has not reached it (its last collective: none)" in message
+
+
+def test_long_work_on_every_rank_is_not_a_stall():
+    # 4 s of work on every rank, longer than stall_timeout: nobody waits, so nothing trips.
+    # (stall_timeout stays above the ranks' start-up skew, which a loaded machine can stretch.)
+    assert spawn(shm_workers.everyone_works_then_meets, 2, args=(4.0,), stall_timeout=3.0) == [0, 1]
+
+
+def test_the_stall_check_is_on_by_default_and_off_only_with_a_warning():
+    import inspect
+
+    from everyo.distributed.sharedmem import spawn as spawn_module
+
+    assert spawn_module.DEFAULT_STALL_TIMEOUT == 600.0
+    assert inspect.signature(spawn).parameters["stall_timeout"].default is spawn_module._NOT_GIVEN
+    with pytest.warns(RuntimeWarning, match="stuck outside the collectives will make spawn wait forever"):
+        assert spawn(shm_workers.everyone_works_then_meets, 2, args=(0.0,), stall_timeout=None) == [0, 1]
+    with pytest.raises(ValueError, match="stall_timeout must be positive"):
+        spawn(shm_workers.everyone_works_then_meets, 2, args=(0.0,), stall_timeout=0)
 
 
 def test_unpicklable_result_is_a_clear_error():
@@ -193,3 +221,46 @@ def test_workers_die_with_a_killed_parent(tmp_path):
     while [n for n in os.listdir("/dev/shm") if n.startswith(f"everyo_{proc.pid}_")]:
         assert time.monotonic() < deadline, "segments of a killed parent were not cleaned up"
         time.sleep(0.05)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+def test_sigterm_or_sighup_to_the_parent_cleans_up_without_warnings(tmp_path, sig):
+    # 0.1: the parent died at once; the resource tracker then warned about (and unlinked) the segments.
+    proc, workers = start_looping_parent(tmp_path)
+    os.kill(proc.pid, sig)
+    _, stderr = proc.communicate(timeout=30)
+    assert proc.returncode == 128 + sig, stderr
+    assert wait_until_gone(workers) == []
+    assert "resource_tracker" not in stderr and "leaked" not in stderr, stderr
+    assert [n for n in os.listdir("/dev/shm") if n.startswith(f"everyo_{proc.pid}_")] == []
+
+
+def test_a_retained_spawn_exception_holds_no_file_descriptors():
+    import gc
+
+    kept = []
+    spawn_error(shm_workers.raises_on_rank_1)   # warm-up: the resource tracker's own pipe opens once
+    gc.collect()
+    before = len(os.listdir("/proc/self/fd"))
+    for _ in range(3):
+        error, _ = spawn_error(shm_workers.raises_on_rank_1)
+        kept.append(error)           # with its traceback, which references spawn's frame
+    gc.collect()
+    assert len(os.listdir("/proc/self/fd")) == before
+    assert all(e.__traceback__ is not None for e in kept)
+
+
+def test_concurrent_spawns_restore_the_parents_environment(monkeypatch):
+    import threading
+
+    for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "BLIS_NUM_THREADS",
+                 "VECLIB_MAXIMUM_THREADS"):
+        monkeypatch.delenv(name, raising=False)
+    results = []
+    threads = [threading.Thread(target=lambda: results.append(spawn(shm_workers.thread_env, 1))) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert len(results) == 4
+    assert "OMP_NUM_THREADS" not in os.environ and "OPENBLAS_NUM_THREADS" not in os.environ

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from everyo.distributed import spawn
-from everyo.distributed import _wire as wire
+from everyo.distributed.tcp import wire
 from everyo.distributed_tcp import TCPProcessGroup, TCPRendezvousServer, init_tcp_process_group
 
 import shm_workers
@@ -135,7 +135,7 @@ def test_data_moves_point_to_point_not_through_rank_0():
 @pytest.mark.parametrize("world", [2, 3])
 def test_streamed_segments_match_numpy(monkeypatch, world):
     """Large all-reduces stream each block in segments; tiny segments here make many, with ragged ends."""
-    import everyo.distributed_tcp as tcp
+    import everyo.distributed.tcp.group as tcp
 
     monkeypatch.setattr(tcp, "_SEGMENT_BYTES", 4096)
     cases = [("float32", 70_001), ("float64", 33_337), ("int64", 20_011), ("float16", 90_001)]

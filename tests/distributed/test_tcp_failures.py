@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from everyo.errors import EveryODistributedError
-from everyo.distributed import _wire as wire
+from everyo.distributed.tcp import wire
 from everyo.distributed_tcp import TCPRendezvousServer, init_tcp_process_group
 
 from test_tcp_collectives import run_in_threads
@@ -54,23 +54,175 @@ def join_in_threads(port, specs, timeout=10.0):
 
 # -- rendezvous -------------------------------------------------------------------------------
 
-def test_duplicate_rank_is_an_error_on_both_workers():
-    with TCPRendezvousServer(port=0, world_size=2) as server:
-        out = join_in_threads(server.port, [(1, 2, None), (1, 2, None)])
+def test_duplicate_rank_with_a_token_aborts_the_launch_on_both_workers():
+    # Authenticated workers that conflict: the launch itself is misconfigured, everybody is told.
+    with TCPRendezvousServer(port=0, world_size=2, token="t") as server:
+        out = join_in_threads(server.port, [(1, 2, "t"), (1, 2, "t")])
     assert all(isinstance(e, EveryODistributedError) for e in out), out
     for e in out:
-        assert "rank 1 was claimed twice" in str(e) and "unique rank" in str(e)
+        assert "rendezvous aborted: rank 1 was claimed twice" in str(e) and "unique rank" in str(e)
 
 
 @pytest.mark.parametrize("bad_first", [False, True])
-def test_wrong_world_size_is_an_error_on_every_worker(bad_first):
-    with TCPRendezvousServer(port=0, world_size=2) as server:
+def test_wrong_world_size_with_a_token_is_an_error_on_every_worker(bad_first):
+    with TCPRendezvousServer(port=0, world_size=2, token="t") as server:
         if bad_first:   # a worker that joins after the misconfigured one is told too, not left waiting
-            out = join_in_threads(server.port, [(1, 3, None)]) + join_in_threads(server.port, [(0, 2, None)])
+            out = join_in_threads(server.port, [(1, 3, "t")]) + join_in_threads(server.port, [(0, 2, "t")])
         else:
-            out = join_in_threads(server.port, [(0, 2, None), (1, 3, None)])
+            out = join_in_threads(server.port, [(0, 2, "t"), (1, 3, "t")])
     assert all(isinstance(e, EveryODistributedError) for e in out), out
     assert all("world_size=3" in str(e) and "expects world_size=2" in str(e) for e in out)
+
+
+def rogue_join(port, rank, world_size, *, malformed=False):
+    """A well-formed (or malformed) JOIN from a client that is not part of the launch; returns the server's reply."""
+    from everyo.distributed.tcp import rendezvous
+
+    sock = socket.create_connection(("127.0.0.1", port), timeout=5)
+    with sock:
+        nonce = wire.nonce()
+        wire.send_frame(sock, wire.HELLO, nonce)
+        _, challenge = wire.recv_frame(sock, (wire.CHALLENGE,), time.monotonic() + 5, "server", "test")
+        body = rendezvous._JOIN.pack(rank, world_size, 1, 9) + b"127.0.0.1"
+        if malformed:
+            body = body[:-3]
+        wire.send_frame(sock, wire.JOIN, body + wire.mac(b"", b"client", challenge[:32], nonce, body))
+        try:
+            wire.recv_frame(sock, (wire.PEERS,), time.monotonic() + 5, "server", "test")
+        except EveryODistributedError as exc:
+            return str(exc)
+    return "no refusal"
+
+
+@pytest.mark.parametrize("rogue", [(1, 3, False), (1, 2, False), (5, 2, False), (0, 2, True)])
+def test_without_a_token_a_conflicting_or_malformed_join_is_refused_alone(rogue):
+    # 0.1 aborted the whole rendezvous (until restart) on one such JOIN.
+    rank, world_size, malformed = rogue
+    with TCPRendezvousServer(port=0, world_size=2) as server:
+        first = []
+        holder = threading.Thread(target=lambda: first.extend(join_in_threads(server.port, [(1, 2, None)])))
+        holder.start()                                       # rank 1 is taken by the genuine worker
+        deadline = time.monotonic() + 5
+        while not server._members and time.monotonic() < deadline:
+            time.sleep(0.01)
+        reply = rogue_join(server.port, rank, world_size, malformed=malformed)
+        [zero] = join_in_threads(server.port, [(0, 2, None)])
+        holder.join(30)
+        assert not isinstance(zero, BaseException) and not isinstance(first[0], BaseException), (zero, first)
+        assert server.groups_formed == 1
+    if malformed:
+        assert reply.startswith("server closed the connection") or "malformed" in reply, reply
+    else:
+        assert reply.startswith("rendezvous refused this worker: "), reply
+        assert ("world_size=3" in reply) if world_size == 3 else ("claimed twice" in reply or "not in [0, 2)" in reply)
+
+
+def test_torchrun_environment_is_all_a_worker_needs(monkeypatch):
+    # MASTER_ADDR/MASTER_PORT/RANK/WORLD_SIZE as torchrun, Slurm scripts and Kubernetes operators set
+    # them; rank 0 starts the rendezvous server itself. The environment is per process, so the two
+    # ranks are separate processes here.
+    import subprocess
+    import sys
+
+    probe = socket.create_server(("127.0.0.1", 0))
+    port = probe.getsockname()[1]
+    probe.close()
+    code = ("import numpy as np\n"
+            "from everyo.distributed_tcp import init_tcp_process_group\n"
+            "with init_tcp_process_group(timeout=30) as g:\n"
+            "    print('sum', g.all_reduce_sum(np.array([g.rank + 1.0]))[0], g.rank, g.world_size)\n")
+    procs = []
+    for rank in range(2):
+        env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank),
+               "WORLD_SIZE": "2", "EVERYO_TOKEN": "from-launcher"}
+        env.pop(wire.TOKEN_ENV, None)
+        procs.append(subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True))
+    outputs = [p.communicate(timeout=60)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outputs
+    assert "sum 3.0 0 2" in outputs[0] and "sum 3.0 1 2" in outputs[1]
+
+
+def test_missing_launcher_variables_are_named(monkeypatch):
+    for name in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(EveryODistributedError, match=r"\$MASTER_ADDR is not set.*torchrun"):
+        init_tcp_process_group()
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", "x")
+    with pytest.raises(EveryODistributedError, match=r"\$MASTER_PORT='x' is not valid"):
+        init_tcp_process_group()
+
+
+def test_binding_beyond_loopback_without_a_token_warns():
+    with pytest.warns(RuntimeWarning, match="without a token.*Pass token="):
+        TCPRendezvousServer("0.0.0.0", 0, world_size=1).close()
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        TCPRendezvousServer("0.0.0.0", 0, world_size=1, token="secret").close()
+        TCPRendezvousServer("127.0.0.1", 0, world_size=1).close()
+
+
+def test_a_thousand_idle_and_garbage_connections_do_not_lock_workers_out():
+    # 0.1: 64 silent connections made every genuine worker fail within milliseconds, and workers
+    # did not retry. Now the oldest silent connection makes room and workers retry until their timeout.
+    with TCPRendezvousServer(port=0, world_size=2) as server:
+        idle, stop = [], threading.Event()
+
+        def flood():
+            while not stop.is_set() and len(idle) < 1000:
+                try:
+                    idle.append(socket.create_connection(("127.0.0.1", server.port), timeout=5))
+                except OSError:
+                    time.sleep(0.01)
+
+        def garbage():
+            while not stop.is_set():
+                try:
+                    with socket.create_connection(("127.0.0.1", server.port), timeout=5) as s:
+                        s.sendall(os.urandom(64))
+                except OSError:
+                    pass
+                time.sleep(0.002)
+
+        threads = [threading.Thread(target=flood), threading.Thread(target=garbage)]
+        for t in threads:
+            t.start()
+        while len(idle) < 300:
+            time.sleep(0.01)
+        out = join_in_threads(server.port, [(0, 2, None), (1, 2, None)], timeout=30)
+        stop.set()
+        for t in threads:
+            t.join(10)
+        for s in idle:
+            s.close()
+        assert not any(isinstance(e, BaseException) for e in out), out
+        assert server.groups_formed == 1 and server.clients_rejected >= 300
+
+
+def test_idle_connections_to_a_worker_port_do_not_delay_the_group():
+    # 0.1 gave each stray on a worker's peer port 5 s: six of them failed a group with a 20 s timeout.
+    from everyo.distributed.tcp import rendezvous
+
+    strays, real_join = [], rendezvous._rendezvous
+
+    def join_then_stray(sock, key, rank, world_size, listener, deadline, server):
+        if rank == 0:   # before anybody connects to rank 0's peer port, ten strays do, and stay silent
+            strays.extend(socket.create_connection(listener.getsockname()) for _ in range(10))
+        return real_join(sock, key, rank, world_size, listener, deadline, server)
+
+    rendezvous._rendezvous = join_then_stray
+    try:
+        with TCPRendezvousServer(port=0, world_size=3) as server:
+            out = join_in_threads(server.port, [(0, 3, None), (1, 3, None), (2, 3, None)], timeout=4)
+    finally:
+        rendezvous._rendezvous = real_join
+        for s in strays:
+            s.close()
+    assert not any(isinstance(e, BaseException) for e in out), out
+    assert len(strays) == 10   # and the group formed within the 4 s timeout, which 0.1's 5 s per stray exceeded
 
 
 @pytest.mark.parametrize("server_token, worker_token", [("right", "wrong"), ("right", None), (None, "extra")])

@@ -1,28 +1,40 @@
-"""Data-parallel training on one machine: ``spawn``, ``shard_indices``, ``average_gradients``.
+"""Data-parallel training: ``spawn``, ``DistributedDataParallel``, ``DistributedSampler``, the collectives.
 
-See the spec's "Data-parallel training" section. ``spawn`` starts worker
-processes (spawn start method) joined by a shared-memory process group; other
-backends (``everyo.distributed_tcp``, ``everyo.distributed_mpi``) implement the
-same :class:`ProcessGroup` interface and reuse its collective protocol
-(:class:`CollectiveRecord`, :func:`check_records`, :func:`reduce_in_rank_order`).
+See the spec's "Data-parallel training" section. One folder per backend over
+one protocol module:
+
+* :mod:`everyo.distributed.protocol` -- the :class:`ProcessGroup` interface
+  and what every backend shares (:class:`CollectiveRecord`,
+  :func:`check_records`, :func:`reduce_in_rank_order`, :func:`split_blocks`);
+* :mod:`everyo.distributed.sharedmem` -- ``spawn`` and its shared-memory group
+  (one machine);
+* :mod:`everyo.distributed.tcp` -- public as ``everyo.distributed_tcp``;
+* :mod:`everyo.distributed.mpi` -- public as ``everyo.distributed_mpi``.
+
+Shared memory is loaded only when ``spawn`` is first used, so this package
+(and the TCP and MPI backends) import where ``_posixshmem`` does not exist.
 """
 from everyo.distributed._version import __version__  # noqa: F401
 from everyo.errors import EveryODistributedError
-from everyo.distributed.group import (
+from everyo.distributed.protocol import (
     ProcessGroup,
     CollectiveRecord,
     describe_mismatch,
     check_records,
     prepare_array,
     reduce_in_rank_order,
+    split_blocks,
 )
 from everyo.distributed.gradients import average_gradients
+from everyo.distributed.ddp import DistributedDataParallel
+from everyo.distributed.sampler import DistributedSampler
 from everyo.distributed.sharding import shard_indices
-from everyo.distributed.spawn import spawn
 from everyo.distributed.threads import worker_thread_env, available_cores
 
 __all__ = [
     "spawn",
+    "DistributedDataParallel",
+    "DistributedSampler",
     "shard_indices",
     "average_gradients",
     "EveryODistributedError",
@@ -32,6 +44,17 @@ __all__ = [
     "check_records",
     "prepare_array",
     "reduce_in_rank_order",
+    "split_blocks",
     "worker_thread_env",
     "available_cores",
 ]
+
+
+def __getattr__(name):
+    # PEP 562: ``spawn`` (and the shared-memory group) load on first use, not at import.
+    if name == "spawn":
+        from everyo.distributed.sharedmem.spawn import spawn
+
+        globals()["spawn"] = spawn
+        return spawn
+    raise AttributeError(f"module 'everyo.distributed' has no attribute {name!r}")

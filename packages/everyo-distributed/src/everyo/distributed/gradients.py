@@ -28,7 +28,7 @@ def average_gradients(parameters, group) -> None:
 
     Args:
         parameters: an iterable of parameters (``.data`` and ``.grad`` NumPy arrays).
-        group: any :class:`~everyo.distributed.group.ProcessGroup` (only
+        group: any :class:`~everyo.distributed.ProcessGroup` (only
             ``all_reduce_mean`` is used).
     """
     params = list(parameters)

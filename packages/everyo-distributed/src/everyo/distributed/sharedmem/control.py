@@ -28,11 +28,12 @@ reaching the barrier, and a parent that died.
 from __future__ import annotations
 
 import os
+import threading
 import time
 
 from everyo.errors import EveryODistributedError
-from everyo.distributed.group import CollectiveRecord
-from everyo.distributed.shm import Segment, attach_segment, create_segment
+from everyo.distributed.protocol import HINT, CollectiveRecord
+from everyo.distributed.sharedmem.segment import Segment, attach_segment, create_segment
 
 __all__ = ["ControlBlock", "RUNNING", "RETURNED", "FAILED", "PeerAbortedError"]
 
@@ -187,7 +188,10 @@ class ControlBlock:
         target = self._barriers
         words = self.words
         words[self._line(self.rank) + _COUNTER] = target
-        patient = not (self.oversubscribed or self._recent_long_waits)
+        # Off the main thread (DistributedDataParallel's background all-reduce) a pure-Python
+        # spin would hold the GIL the main thread's backward pass needs: spin briefly, then sleep.
+        patient = not (self.oversubscribed or self._recent_long_waits
+                       or threading.current_thread() is not threading.main_thread())
         spin = _SPIN_CHECKS if patient else _SPIN_CHECKS_SHORT
         long_wait = False
         for peer in range(self.world_size):
@@ -218,9 +222,7 @@ class ControlBlock:
                 # Re-read the counter: the peer stores it before its state.
                 raise EveryODistributedError(
                     f"rank {self.rank} is waiting in {record.describe()} but rank {peer} "
-                    f"{_STATE_NAMES[words[state_index]]} without calling it. Every rank must call "
-                    "the same collectives the same number of times; the usual cause is a rank that "
-                    "took a different path through the loop."
+                    f"{_STATE_NAMES[words[state_index]]} without calling it. {HINT}"
                 )
             now = time.monotonic()
             if now - start < _YIELD_SECONDS:

@@ -13,36 +13,48 @@ import contextlib
 import multiprocessing
 import os
 import signal
+import threading
 import time
 import traceback
 import warnings
 from multiprocessing import connection
 
 from everyo.errors import EveryODistributedError
-from everyo.distributed.control import ControlBlock, PeerAbortedError
-from everyo.distributed.shm import new_segment_name, unlink_segment
-from everyo.distributed.shm_group import SharedMemoryGroup, data_segment_name
+from everyo.distributed.protocol import HINT
+from everyo.distributed.sharedmem.control import ControlBlock, PeerAbortedError
+from everyo.distributed.sharedmem.segment import new_segment_name, unlink_segment
+from everyo.distributed.sharedmem.group import SharedMemoryGroup, data_segment_name
 from everyo.distributed.threads import worker_thread_env
 
 __all__ = ["spawn"]
 
+DEFAULT_STALL_TIMEOUT = 600.0   # as long as PyTorch's NCCL watchdog waits by default
+_STALL_CHECK_SECONDS = 0.25     # how often the parent looks at the barrier counters
 _GRACE_SECONDS = 1.0   # after a failure: how long the other ranks get to stop on their own
 _EXIT_SECONDS = 10.0   # after success: how long the ranks get to exit before being terminated
-_TIMEOUT_HINT = (
-    "If spawn times out, the usual cause is a rank that took a different path through the "
-    "loop: every rank must call the same collectives the same number of times, or the ones "
-    "that reached the barrier wait forever for the one that did not."
-)
+_TIMEOUT_HINT = "If spawn times out: " + HINT[0].lower() + HINT[1:]
 
 
-def spawn(worker, world_size: int, args=(), timeout=None) -> list:
+_NOT_GIVEN = object()
+
+
+def spawn(worker, world_size: int, args=(), timeout=None, *, stall_timeout=_NOT_GIVEN) -> list:
     """Run ``worker(group, *args)`` in ``world_size`` new processes; return their results by rank.
 
     Processes use the ``spawn`` start method, so ``worker`` must be a
     module-level function, ``args`` and the results must pickle, and a script
     calling ``spawn`` must do so under ``if __name__ == "__main__":``. Each
-    worker's first argument is a :class:`~everyo.distributed.group.ProcessGroup`
+    worker's first argument is a :class:`~everyo.distributed.ProcessGroup`
     backed by shared memory.
+
+    ``timeout`` (seconds, default ``None``: no limit) bounds the whole run.
+    ``stall_timeout`` (default 600 s, as PyTorch's NCCL watchdog) bounds how
+    long ranks may wait in a collective that another rank has not reached
+    while that rank's state does not change: the rank stuck outside the
+    collectives (an endless loop, a blocking read, a deadlock) is named, and
+    long trainings are unaffected, since it is measured from the last
+    collective every rank completed. ``stall_timeout=None`` turns it off (a
+    ``RuntimeWarning`` says that a stuck rank will then hang ``spawn``).
 
     Unless the user set a BLAS thread variable (``OMP_NUM_THREADS`` ...), each
     worker gets ``max(1, cores // world_size)`` BLAS threads through its
@@ -62,6 +74,13 @@ def spawn(worker, world_size: int, args=(), timeout=None) -> list:
         raise TypeError(f"spawn: worker must be callable, got {worker!r}")
     if timeout is not None and not timeout > 0:
         raise ValueError(f"spawn: timeout must be positive seconds or None, got {timeout!r}")
+    if stall_timeout is _NOT_GIVEN:
+        stall_timeout = DEFAULT_STALL_TIMEOUT
+    elif stall_timeout is None:
+        warnings.warn("spawn(stall_timeout=None): a rank stuck outside the collectives will make spawn wait "
+                      "forever (unless timeout= is set)", RuntimeWarning, stacklevel=2)
+    elif not stall_timeout > 0:
+        raise ValueError(f"spawn: stall_timeout must be positive seconds or None, got {stall_timeout!r}")
     args = tuple(args)
     updates, warning = worker_thread_env(world_size)
     if warning:
@@ -72,33 +91,36 @@ def spawn(worker, world_size: int, args=(), timeout=None) -> list:
     context = multiprocessing.get_context("spawn")
     processes, pipes = [], []
     try:
-        with _environment(updates):
-            for rank in range(world_size):
-                reader, writer = context.Pipe(duplex=False)
-                pipes.append(reader)
-                process = context.Process(
-                    target=_worker_main,
-                    args=(worker, args, rank, world_size, control_name, writer, os.getpid()),
-                    name=f"everyo-rank-{rank}",
-                )
-                try:
-                    process.start()
-                except Exception as exc:
-                    raise EveryODistributedError(
-                        f"spawn could not start rank {rank}: {type(exc).__name__}: {exc}. The worker "
-                        "and its args are pickled into each new process, so the worker must be a "
-                        "module-level function and args must be picklable."
-                    ) from exc
-                finally:
-                    writer.close()
-                processes.append(process)
-        results = _supervise(processes, pipes, control, timeout)
-        # Every rank has sent its result; let them exit on their own (flushing their
-        # output) rather than be terminated in the middle of it.
-        _join_all(processes, _EXIT_SECONDS)
-        return results
+        with _termination_raises():
+            with _ENVIRONMENT_LOCK, _environment(updates):
+                for rank in range(world_size):
+                    reader, writer = context.Pipe(duplex=False)
+                    pipes.append(reader)
+                    process = context.Process(
+                        target=_worker_main,
+                        args=(worker, args, rank, world_size, control_name, writer, os.getpid()),
+                        name=f"everyo-rank-{rank}",
+                    )
+                    try:
+                        process.start()
+                    except Exception as exc:
+                        raise EveryODistributedError(
+                            f"spawn could not start rank {rank}: {type(exc).__name__}: {exc}. The worker "
+                            "and its args are pickled into each new process, so the worker must be a "
+                            "module-level function and args must be picklable."
+                        ) from exc
+                    finally:
+                        writer.close()
+                    processes.append(process)
+            results = _supervise(processes, pipes, control, timeout, stall_timeout)
+            # Every rank has sent its result; let them exit on their own (flushing their
+            # output) rather than be terminated in the middle of it.
+            _join_all(processes, _EXIT_SECONDS)
+            return results
     finally:
         _stop(processes)
+        for process in processes:
+            process.close()      # its sentinel fd: a retained exception must not keep it open
         for pipe in pipes:
             pipe.close()
         generation, _ = control.data_segment()
@@ -108,6 +130,41 @@ def spawn(worker, world_size: int, args=(), timeout=None) -> list:
         for g in range(1, generation + 2):
             unlink_segment(data_segment_name(control_name, g))
         unlink_segment(control_name)
+
+
+# Two spawn calls in different threads must not interleave their save/set/restore of the
+# BLAS variables: the second would save the first's value and put it back for good.
+_ENVIRONMENT_LOCK = threading.Lock()
+
+
+class _Terminated(BaseException):
+    """Raised in the parent by SIGTERM/SIGHUP while spawn runs, so its cleanup runs too."""
+
+
+@contextlib.contextmanager
+def _termination_raises():
+    """While spawn runs (main thread only), SIGTERM and SIGHUP raise instead of killing the parent
+    outright, so the workers are stopped and the segments unlinked (the resource tracker would
+    otherwise warn about them); the previous handlers come back afterwards."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {}
+
+    def handler(signum, frame):
+        raise _Terminated(f"spawn's parent received {signal.Signals(signum).name}")
+
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        if signal.getsignal(sig) is signal.SIG_DFL:   # leave a handler the program installed alone
+            previous[sig] = signal.signal(sig, handler)
+    try:
+        yield
+    except _Terminated as exc:
+        signum = signal.SIGTERM if "SIGTERM" in str(exc) else signal.SIGHUP
+        raise SystemExit(128 + signum) from None
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
 
 
 @contextlib.contextmanager
@@ -168,7 +225,7 @@ def _worker_main(worker, args, rank, world_size, control_name, pipe, parent_pid)
         pipe.close()
 
 
-def _supervise(processes, pipes, control, timeout):
+def _supervise(processes, pipes, control, timeout, stall_timeout=None):
     world_size = len(processes)
     results = [None] * world_size
     finished = [False] * world_size
@@ -179,6 +236,7 @@ def _supervise(processes, pipes, control, timeout):
         by_handle[process.sentinel] = ("exit", rank)
     deadline = None if timeout is None else time.monotonic() + timeout
     grace_deadline = None
+    watch = _StallWatch(control, stall_timeout, finished)
 
     def receive(rank, pipe):
         try:
@@ -199,7 +257,13 @@ def _supervise(processes, pipes, control, timeout):
         if failures and grace_deadline is None:
             control.abort(failures[0][2])
             grace_deadline = now + _GRACE_SECONDS
-        limits = [d for d in (deadline, grace_deadline) if d is not None]
+        if not failures:
+            stalled = watch.check(now)
+            if stalled is not None:
+                error = EveryODistributedError(stalled[1])
+                error.rank = stalled[0]
+                raise error
+        limits = [d for d in (deadline, grace_deadline, watch.next_check) if d is not None]
         wait_for = None if not limits else max(0.0, min(limits) - now)
         if grace_deadline is not None and now >= grace_deadline:
             break
@@ -231,6 +295,51 @@ def _supervise(processes, pipes, control, timeout):
         error.rank = first[2]
         raise error
     return results
+
+
+class _StallWatch:
+    """Notices ranks waiting in a collective that a peer does not reach while nothing changes.
+
+    The parent samples every rank's barrier counter; while some rank waits
+    (its counter is ahead of a peer's) and no counter moves, the stall
+    grows. A rank still computing between collectives moves nothing either,
+    but then nobody waits -- so long steps never trip it.
+    """
+
+    def __init__(self, control, stall_timeout, finished):
+        self.control, self.stall_timeout, self.finished = control, stall_timeout, finished
+        self.next_check = None if stall_timeout is None else time.monotonic() + _STALL_CHECK_SECONDS
+        self.state, self.since = None, None
+
+    def check(self, now):
+        if self.stall_timeout is None or now < self.next_check:
+            return None
+        self.next_check = now + min(_STALL_CHECK_SECONDS, self.stall_timeout / 4)
+        control, world = self.control, len(self.finished)
+        counters = tuple(control.counter(r) for r in range(world))
+        if counters != self.state:
+            self.state, self.since = counters, now
+            return None
+        top = max(counters)
+        behind = [r for r in range(world) if counters[r] < top and not self.finished[r]]
+        if not behind or now - self.since < self.stall_timeout:
+            return None
+        waiting = [r for r in range(world) if counters[r] == top]
+        record = control.last_record(waiting[0])
+        where = record.describe() if record is not None else "a collective"
+        lines = []
+        for r in behind:
+            last = control.last_record(r)
+            lines.append(f"  rank {r}: running, has not reached it (its last collective: "
+                         f"{last.describe() if last is not None else 'none'})")
+        stuck = ", ".join(map(str, behind))
+        return behind[0], (
+            f"spawn: rank(s) {stuck} stuck outside the collectives: rank(s) {', '.join(map(str, waiting))} "
+            f"waited {now - self.since:.0f} s in {where} (stall_timeout={self.stall_timeout:g} s) while "
+            f"rank(s) {stuck} made no progress towards it:\n" + "\n".join(lines) + "\n"
+            "Look for an endless loop, a blocking read or a deadlock on those ranks, or a rank that "
+            "took a different path through the loop; raise stall_timeout= if a rank legitimately "
+            "works that long alone (an evaluation, a checkpoint).")
 
 
 def _death_message(rank, exitcode):

@@ -1,180 +1,32 @@
-"""Forming a TCP process group: the rendezvous server and the workers' half of its handshake.
+"""The rendezvous server: introduces ``world_size`` workers to each other, and shrugs off everybody else.
 
-The server (:class:`TCPRendezvousServer`, in a thread of rank 0's process) only
-introduces the workers: each worker connects, both sides prove they hold the
-same token (HMAC over fresh nonces, see :mod:`everyo.distributed._wire`), the
-worker reports its rank, world size and the address of its own listening
-socket, and once all ranks are in, every worker gets the table of addresses and
-a random session id. The workers then connect to each other directly (one
-connection per pair, :func:`join`), checking the session id and the token
-again, and the server is out of the picture.
-
-The server must not fall over because of what a client sends: each connection
-gets its own short-lived thread and a handshake deadline, every length is
-bounded, and any bad byte only closes that connection. A *misconfigured but
-authenticated* worker (a rank taken twice, a different world size) aborts the
-round: the reason goes to every waiting worker and to every worker that joins
-later, because the launch it belongs to cannot form a correct group (whichever
-order the workers arrive in, all of them fail with the same reason). Restart
-the job, server included, to try again.
+See :mod:`everyo.distributed.tcp.rendezvous` for the protocol (the workers'
+half lives there). Here: each connection gets its own short-lived thread and a
+handshake deadline, every length is bounded, any bad byte only closes that
+connection, and a flood of connections cannot lock genuine workers out (new
+connections are never refused; when the slots are full the oldest one that
+has not even sent its HELLO makes room).
 """
 from __future__ import annotations
 
 import errno
+import ipaddress
 import os
 import select
 import socket
 import struct
 import threading
 import time
+import warnings
 
 from everyo.errors import EveryODistributedError
-from everyo.distributed import _wire as wire
+from everyo.distributed.tcp import wire
+from everyo.distributed.tcp.rendezvous import _JOIN, _PEER, MAX_ADDRESS, SESSION_BYTES
 
-__all__ = ["TCPRendezvousServer", "join"]
+__all__ = ["TCPRendezvousServer"]
 
-_JOIN = struct.Struct("<iiHH")       # rank, world_size, listening port, address length
-_PEER = struct.Struct("<HH")         # port, address length (then the address)
-_PAIR = struct.Struct("<ii")         # connecting rank, accepting rank
-SESSION_BYTES = 16
-MAX_ADDRESS = 255
-_PEER_HANDSHAKE_SECONDS = 5.0        # a stray connection to a worker's port cannot stall it longer
-_MAX_PENDING_HANDSHAKES = 64         # connections being checked at once; more are closed at once
-
-
-def join(host, port, rank, world_size, key, deadline) -> dict:
-    """Rendezvous at ``host:port`` and connect to every other rank; returns ``{peer rank: socket}``.
-
-    Raises ``socket.timeout`` at ``deadline``, :class:`EveryODistributedError`
-    (server's refusal, token mismatch, garbage) or ``OSError`` for the caller to reword.
-    """
-    server = f"the rendezvous server at {host}:{port}"
-    sock = _connect((host, port), deadline, server)
-    listener = None
-    try:
-        listener = socket.socket(sock.family, socket.SOCK_STREAM)
-        # Listen on the interface that reaches the server: the one the peers can reach too.
-        listener.bind((sock.getsockname()[0], 0))
-        listener.listen(world_size + 16)
-        session, addresses = _rendezvous(sock, key, rank, world_size, listener, deadline, server)
-    except BaseException:
-        if listener is not None:
-            listener.close()
-        raise
-    finally:
-        sock.close()
-    with listener:
-        return _connect_mesh(listener, key, session, rank, addresses, deadline)
-
-
-def _connect(address, deadline, who):
-    """Connect, retrying while nobody listens yet (workers may start before rank 0's server)."""
-    pause = 0.02
-    while True:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            raise socket.timeout(f"{who} did not accept a connection")
-        try:
-            sock = socket.create_connection(address, timeout=min(remaining, 5.0))
-        except (ConnectionRefusedError, ConnectionResetError, socket.timeout):
-            time.sleep(min(pause, max(remaining, 0)))
-            pause = min(pause * 2, 0.5)
-            continue
-        except socket.gaierror as exc:
-            raise EveryODistributedError(f"cannot resolve {address[0]!r}: {exc}") from None
-        wire.tune_socket(sock)
-        return sock
-
-
-def _rendezvous(sock, key, rank, world_size, listener, deadline, server):
-    """The client half of the server's handshake; returns the session id and every rank's address."""
-    client_nonce = wire.nonce()
-    wire.send_frame(sock, wire.HELLO, client_nonce)
-    _, challenge = wire.recv_frame(sock, (wire.CHALLENGE,), deadline, server, "the handshake",
-                                   max_length=2 * wire.NONCE_BYTES)
-    server_nonce, proof = challenge[:wire.NONCE_BYTES], challenge[wire.NONCE_BYTES:]
-    if not wire.macs_equal(proof, wire.mac(key, b"server", client_nonce, server_nonce)):
-        raise EveryODistributedError(
-            f"{server} failed the token check: it was started with a different token (or none). "
-            f"Give the server and every worker the same token= (or ${wire.TOKEN_ENV})."
-        )
-    address = listener.getsockname()[0].encode("ascii")
-    join = _JOIN.pack(rank, world_size, listener.getsockname()[1], len(address)) + address
-    wire.send_frame(sock, wire.JOIN, join + wire.mac(key, b"client", server_nonce, client_nonce, join))
-    _, peers = wire.recv_frame(sock, (wire.PEERS,), deadline, server, "waiting for the other ranks to join")
-    body, proof = peers[:-32], peers[-32:]
-    if not wire.macs_equal(proof, wire.mac(key, b"peers", client_nonce, body)):
-        raise wire.ProtocolError(f"{server} sent a peer table that fails the token check")
-    session, offset, addresses = body[:SESSION_BYTES], SESSION_BYTES, []
-    for _ in range(world_size):
-        if offset + _PEER.size > len(body):
-            raise wire.ProtocolError(f"{server} sent a truncated peer table")
-        peer_port, length = _PEER.unpack_from(body, offset)
-        offset += _PEER.size
-        addresses.append((body[offset:offset + length].decode("ascii"), peer_port))
-        offset += length
-    if offset != len(body) or len(session) != SESSION_BYTES:
-        raise wire.ProtocolError(f"{server} sent a malformed peer table")
-    return session, addresses
-
-
-def _connect_mesh(listener, key, session, rank, addresses, deadline):
-    """One connection per pair: connect to every lower rank, accept every higher one.
-
-    Waits only point downwards (rank r waits for lower ranks' acknowledgements),
-    so the mesh cannot deadlock. Connections to ``listener`` that fail the
-    handshake (strays, garbage) are dropped and the wait goes on.
-    """
-    socks = {}
-    try:
-        for peer in range(rank):
-            socks[peer] = sock = _connect(addresses[peer], deadline, f"rank {peer}")
-            pair = _PAIR.pack(rank, peer)
-            wire.send_frame(sock, wire.PEER_HELLO, session + pair + wire.mac(key, b"peer", session, pair))
-            _, ack = wire.recv_frame(sock, (wire.PEER_ACK,), deadline, f"rank {peer}", "connecting the group",
-                                     max_length=32)
-            if not wire.macs_equal(ack, wire.mac(key, b"ack", session, pair)):
-                raise wire.ProtocolError(f"rank {peer} failed the token check while connecting the group")
-        missing = set(range(rank + 1, len(addresses)))
-        while missing:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise socket.timeout("waiting for higher ranks to connect")
-            listener.settimeout(remaining)
-            conn, _ = listener.accept()
-            peer = _accept_peer(conn, key, session, rank, missing, deadline)
-            if peer is None:
-                conn.close()
-            else:
-                missing.discard(peer)
-                socks[peer] = conn
-    except BaseException:
-        for sock in socks.values():
-            sock.close()
-        raise
-    return socks
-
-
-def _accept_peer(conn, key, session, rank, missing, deadline):
-    """Check a connection to this rank's listener; return the peer rank, or None to drop it."""
-    try:
-        wire.tune_socket(conn)
-        limit = min(deadline, time.monotonic() + _PEER_HANDSHAKE_SECONDS)
-        _, hello = wire.recv_frame(conn, (wire.PEER_HELLO,), limit, "a connecting peer", "connecting the group",
-                                   max_length=SESSION_BYTES + _PAIR.size + 32)
-        pair = hello[SESSION_BYTES:SESSION_BYTES + _PAIR.size]
-        if (len(hello) != SESSION_BYTES + _PAIR.size + 32 or hello[:SESSION_BYTES] != session
-                or not wire.macs_equal(hello[-32:], wire.mac(key, b"peer", session, pair))):
-            return None
-        peer, target = _PAIR.unpack(pair)
-        if target != rank or peer not in missing:
-            return None
-        wire.send_frame(conn, wire.PEER_ACK, wire.mac(key, b"ack", session, pair))
-        return peer
-    except (OSError, EveryODistributedError):
-        return None
-
-
+_MAX_PENDING_HANDSHAKES = 64         # connections the server checks at once (the oldest goes first) ...
+_MAX_PENDING_PER_ADDRESS = 16        # ... and at most this many from one address
 
 
 class _Member:
@@ -205,7 +57,7 @@ class TCPRendezvousServer:
     """
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0, world_size: int = None, *,
-                 token=None, handshake_timeout: float = 10.0):
+                 token=None, handshake_timeout: float = 3.0):
         if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
             raise ValueError(f"TCPRendezvousServer: world_size must be a positive int, got {world_size!r}")
         self.world_size = world_size
@@ -220,10 +72,16 @@ class TCPRendezvousServer:
                    if exc.errno == errno.EADDRINUSE else "")) from None
         self._listener.setblocking(False)
         self.host, self.port = host, self._listener.getsockname()[1]
+        if not self._key and not _is_loopback(self._listener.getsockname()[0]):
+            warnings.warn(
+                f"TCPRendezvousServer listens on {host or '0.0.0.0'}:{self.port}, beyond this machine, "
+                "without a token: anyone who can reach the port can join the group and read the "
+                f"gradients. Pass token= (the same secret to every worker) or set ${wire.TOKEN_ENV}.",
+                RuntimeWarning, stacklevel=2)
         self._wake_read, self._wake_write = socket.socketpair()
         self._lock = threading.Lock()
         self._members = {}          # rank -> _Member, the round being formed
-        self._handshaking = set()   # connections being checked, shut down by close()
+        self._handshaking = {}      # connection being checked -> [client address, accepted at, stage]
         self._closed = False
         self._aborted = None        # why the launch is misconfigured, once a worker showed it
         self.groups_formed = 0      # rounds completed (for monitoring and tests)
@@ -289,18 +147,43 @@ class TCPRendezvousServer:
                     self._check_member(watched[fd])
 
     def _accept(self):
-        try:
-            conn, client = self._listener.accept()
-        except (BlockingIOError, InterruptedError, OSError):
-            return
-        with self._lock:
-            if len(self._handshaking) >= _MAX_PENDING_HANDSHAKES or self._closed:
-                self.clients_rejected += 1
-                conn.close()
+        """Take every waiting connection; when the slots are full, the oldest unverified one makes room.
+
+        New connections are never refused: a flood of idle ones cannot lock
+        genuine workers out, it only shortens how long each idle one is kept.
+        Slots are bounded per client address and in all; the connection
+        dropped is the oldest one that has not even sent its HELLO (a worker
+        sends it at once), else the oldest.
+        """
+        for _ in range(_MAX_PENDING_HANDSHAKES):
+            try:
+                conn, client = self._listener.accept()
+            except (BlockingIOError, InterruptedError, OSError):
                 return
-            self._handshaking.add(conn)
-        threading.Thread(target=self._handshake, args=(conn, client), daemon=True,
-                         name=f"everyo-rendezvous-client-{client[1]}").start()
+            with self._lock:
+                if self._closed:
+                    conn.close()
+                    return
+                same = [c for c, info in self._handshaking.items() if info[0] == client[0]]
+                if len(same) >= _MAX_PENDING_PER_ADDRESS:
+                    self._evict(same)
+                elif len(self._handshaking) >= _MAX_PENDING_HANDSHAKES:
+                    self._evict(list(self._handshaking))
+                self._handshaking[conn] = [client[0], time.monotonic(), 0]
+            threading.Thread(target=self._handshake, args=(conn, client), daemon=True,
+                             name=f"everyo-rendezvous-client-{client[1]}").start()
+
+    def _evict(self, candidates):
+        """Shut down the oldest silent candidate (else the oldest); its handshake thread then exits."""
+        info = self._handshaking
+        silent = [c for c in candidates if info[c][2] == 0]
+        victim = min(silent or candidates, key=lambda c: info[c][1])
+        del info[victim]
+        self.clients_rejected += 1
+        try:
+            victim.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
 
     def _check_member(self, member):
         """A waiting member's socket became readable: it hung up (or broke the protocol). Drop it."""
@@ -326,6 +209,9 @@ class TCPRendezvousServer:
             deadline = time.monotonic() + self._handshake_timeout
             _, client_nonce = wire.recv_frame(conn, (wire.HELLO,), deadline, who, "the handshake",
                                               max_length=wire.NONCE_BYTES)
+            with self._lock:
+                if original in self._handshaking:
+                    self._handshaking[original][2] = 1   # it spoke: evicted only after the silent ones
             if len(client_nonce) != wire.NONCE_BYTES:
                 raise wire.ProtocolError(f"{who} sent a {len(client_nonce)}-byte nonce")
             server_nonce = wire.nonce()
@@ -349,7 +235,7 @@ class TCPRendezvousServer:
             pass   # timed out, hung up, or sent garbage: drop it quietly
         finally:
             with self._lock:
-                self._handshaking.discard(original)
+                self._handshaking.pop(original, None)
                 if conn is not None:
                     self.clients_rejected += 1
             if conn is not None:
@@ -369,11 +255,18 @@ class TCPRendezvousServer:
                            f"{self.world_size}; give every worker and the server the same world_size")
             elif not 0 <= member.rank < world_size:
                 problem = f"rank {member.rank} from {member.client} is not in [0, {world_size})"
-            elif member.rank in self._members:
+            elif member.rank in self._members and _alive(self._members[member.rank].sock):
                 problem = (f"rank {member.rank} was claimed twice, by workers from "
                            f"{self._members[member.rank].client} and {member.client}; every worker "
                            f"needs a unique rank in [0, {world_size})")
+            elif member.rank in self._members:   # the same worker again, after its connection dropped
+                self._members.pop(member.rank).sock.close()
+            if problem is not None and not self._key:
+                # Without a token anybody can send a JOIN, so a conflicting one proves nothing about
+                # the launch: turn away that client only, and keep forming the group.
+                raise _Refused(f"rendezvous refused this worker: {problem}")
             if problem is not None:
+                # Authenticated workers conflict: the launch itself is misconfigured.
                 self._aborted = problem
                 losers, self._members = [*self._members.values(), member], {}
                 for m in losers:
@@ -383,6 +276,7 @@ class TCPRendezvousServer:
                 self._wake()
                 return
             self._members[member.rank] = member
+            self._handshaking.pop(member.sock, None)   # a member now: never evicted as a pending handshake
             if len(self._members) < self.world_size:
                 self._wake()   # start watching this member for a disconnect
                 return
@@ -401,6 +295,23 @@ class TCPRendezvousServer:
                 pass   # that worker is gone; the others will notice when it never connects
             finally:
                 m.sock.close()
+
+
+def _is_loopback(address: str) -> bool:
+    try:
+        return ipaddress.ip_address(address.split("%")[0]).is_loopback
+    except ValueError:
+        return False
+
+
+def _alive(sock) -> bool:
+    """Whether a waiting member's connection is still open (a worker that retried left a dead one).
+
+    A waiting worker sends nothing, so a readable socket means it hung up (or broke the protocol).
+    """
+    poller = select.poll()
+    poller.register(sock, select.POLLIN)
+    return not poller.poll(0)
 
 
 class _Refused(EveryODistributedError):

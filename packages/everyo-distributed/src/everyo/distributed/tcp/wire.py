@@ -49,10 +49,12 @@ HELLO, CHALLENGE, JOIN, PEERS, ERROR, PEER_HELLO, PEER_ACK, DATA = range(1, 9)
 KIND_NAMES = {HELLO: "HELLO", CHALLENGE: "CHALLENGE", JOIN: "JOIN", PEERS: "PEERS", ERROR: "ERROR",
               PEER_HELLO: "PEER_HELLO", PEER_ACK: "PEER_ACK", DATA: "DATA"}
 # Collective operations (codes on the wire <-> CollectiveRecord.op names).
-OPS = ("none", "all_reduce_sum", "all_reduce_mean", "broadcast", "barrier")
+# (Appending keeps the wire compatible with 0.1 for the old codes.)
+OPS = ("none", "all_reduce_sum", "all_reduce_mean", "broadcast", "barrier",
+       "all_gather", "reduce_scatter_sum", "reduce_scatter_mean")
 # Data dtypes, always little-endian on the wire.
 DTYPES = ("none", "float16", "float32", "float64", "int8", "int16", "int32", "int64",
-          "uint8", "uint16", "uint32", "uint64", "bool")
+          "uint8", "uint16", "uint32", "uint64", "bool", "bfloat16")
 
 if sys.byteorder != "little":  # pragma: no cover - every supported platform is little-endian
     raise ImportError("everyo's TCP process group sends native arrays and needs a little-endian host")
@@ -63,9 +65,9 @@ class ProtocolError(EveryODistributedError):
 
 
 def resolve_token(token) -> bytes:
-    """The HMAC key: ``token`` if given, else ``$EVERYO_DIST_TOKEN``, else empty."""
+    """The HMAC key: ``token`` if given, else ``$EVERYO_DIST_TOKEN``, else ``$EVERYO_TOKEN``, else empty."""
     if token is None:
-        token = os.environ.get(TOKEN_ENV, "")
+        token = os.environ.get(TOKEN_ENV) or os.environ.get("EVERYO_TOKEN", "")
     if isinstance(token, str):
         token = token.encode("utf-8")
     if not isinstance(token, (bytes, bytearray)):

@@ -27,15 +27,9 @@ from __future__ import annotations
 import numpy as np
 
 from everyo.errors import EveryODistributedError
-from everyo.distributed.control import FAILED, RETURNED, ControlBlock
-from everyo.distributed.group import (
-    CollectiveRecord,
-    ProcessGroup,
-    check_records,
-    prepare_array,
-    reduce_in_rank_order,
-)
-from everyo.distributed.shm import attach_segment, create_segment, unlink_segment
+from everyo.distributed.protocol import CollectiveRecord, ProcessGroup, check_records, reduce_in_rank_order, split_blocks
+from everyo.distributed.sharedmem.control import FAILED, RETURNED, ControlBlock
+from everyo.distributed.sharedmem.segment import attach_segment, create_segment, unlink_segment
 from everyo.distributed.threads import available_cores
 
 __all__ = ["SharedMemoryGroup", "data_segment_name"]
@@ -43,17 +37,7 @@ __all__ = ["SharedMemoryGroup", "data_segment_name"]
 _MIN_CAPACITY = 1 << 16
 _SPLIT_ELEMENTS = 1 << 15   # below this, splitting costs more in Python overhead than it saves
 _ALIGN = 4096
-
-
-_DTYPE_NAMES = {}
-
-
-def _dtype_name(dtype) -> str:
-    # numpy's dtype.name is computed on every access (~1 us); collectives are latency-bound.
-    name = _DTYPE_NAMES.get(dtype)
-    if name is None:
-        name = _DTYPE_NAMES[dtype] = dtype.name
-    return name
+_DIRECT_PAIRS = True        # see _all_reduce (a switch for the benchmark's A/B comparison)
 
 
 def data_segment_name(control_name: str, generation: int) -> str:
@@ -67,31 +51,15 @@ class SharedMemoryGroup(ProcessGroup):
     """
 
     def __init__(self, control_name: str, rank: int, world_size: int):
-        self._rank, self._world_size = rank, world_size
+        super().__init__(rank, world_size)
         self._control_name = control_name
         self._control = ControlBlock.attach(control_name, world_size, rank)
         self._control.oversubscribed = world_size > available_cores()
         self._data = None          # Segment of the current generation
         self._generation = 0
         self._capacity = 0         # bytes per slot; identical on every rank
-        self._seq = 0
-        self._broken = None        # message once a collective failed on this rank
 
-    # -- public collectives ---------------------------------------------------------
-    def barrier(self) -> None:
-        record = self._begin("barrier", 0, "none", -1)
-        self._guarded(self._barrier_body, record)
-
-    def broadcast(self, array, root: int = 0) -> np.ndarray:
-        if not 0 <= root < self._world_size:
-            raise EveryODistributedError(
-                f"broadcast: root {root} is not a rank of this group (world_size {self._world_size})"
-            )
-        data = prepare_array(array, "broadcast")
-        record = self._begin("broadcast", data.size, _dtype_name(data.dtype), root)
-        return self._guarded(self._broadcast_body, record, data, root)
-
-    def close(self) -> None:
+    def _close(self) -> None:
         """Unmap this rank's views (the parent unlinks the segments)."""
         if self._data is not None:
             try:
@@ -112,24 +80,6 @@ class SharedMemoryGroup(ProcessGroup):
         self._control.set_state(RETURNED if ok else FAILED)
 
     # -- protocol ---------------------------------------------------------------------
-    def _begin(self, op: str, size: int, dtype: str, root: int) -> CollectiveRecord:
-        if self._broken is not None:
-            raise EveryODistributedError(
-                f"rank {self._rank}: the group is unusable after an earlier failure: {self._broken}"
-            )
-        if self._control is None:
-            raise EveryODistributedError(f"rank {self._rank}: {op} on a closed group")
-        record = CollectiveRecord(op, size, dtype, self._seq, root)
-        self._seq += 1
-        return record
-
-    def _guarded(self, body, record, *args):
-        try:
-            return body(record, *args)
-        except BaseException as exc:
-            self._broken = f"{type(exc).__name__}: {exc}"
-            raise
-
     def _check(self, record: CollectiveRecord, packed: bytes) -> None:
         if not self._control.records_match(record.seq, packed):
             check_records(self._control.records(record.seq))
@@ -154,41 +104,55 @@ class SharedMemoryGroup(ProcessGroup):
                 self._slot(self._rank, data.dtype, data.size)[...] = data.reshape(-1)
             control.barrier(record)
 
-    def _all_reduce(self, array, op_name: str, op: str) -> np.ndarray:
-        data = prepare_array(array, op_name)
-        record = self._begin(op_name, data.size, _dtype_name(data.dtype), -1)
-        return self._guarded(self._all_reduce_body, record, data, op)
-
-    def _all_reduce_body(self, record, data, op):
+    def _all_reduce(self, record, data, op):
         self._exchange(record, data, writes=True)
         world, n = self._world_size, data.size
         slots = [self._slot(r, data.dtype, n) for r in range(world)]
-        if n < _SPLIT_ELEMENTS or world == 1:
+        if n < _SPLIT_ELEMENTS or world == 1 or (world == 2 and op == "sum" and data.dtype.kind == "f"
+                                                 and _DIRECT_PAIRS):
+            # Two ranks' float sum is one add in the input dtype, no dearer than the copy out of a
+            # split reduction: every rank adds everything straight into its own result, saving the
+            # result slot's round trip and a barrier. (The mean's add, halve and finiteness check
+            # cost more than that copy, so the mean stays split.)
             out = reduce_in_rank_order(slots, op)
         else:
             result = self._slot(world, data.dtype, n)
-            base, extra = divmod(n, world)
-            lo = self._rank * base + min(self._rank, extra)
-            hi = lo + base + (self._rank < extra)
+            lo, hi = split_blocks(n, world)[self._rank]
             reduce_in_rank_order([s[lo:hi] for s in slots], op, out=result[lo:hi])
             self._control.barrier(record)
             out = result.copy()
             del result
         del slots
         self._control.barrier(record)
-        return out.reshape(data.shape)
+        return out
 
-    def _broadcast_body(self, record, data, root):
-        self._exchange(record, data, writes=self._rank == root)
-        out = self._slot(root, data.dtype, data.size).copy().reshape(data.shape)
+    def _reduce_scatter(self, record, data, op, blocks):
+        self._exchange(record, data, writes=True)
+        lo, hi = blocks[self._rank]
+        slots = [self._slot(r, data.dtype, data.size)[lo:hi] for r in range(self._world_size)]
+        out = reduce_in_rank_order(slots, op)
+        del slots
         self._control.barrier(record)
         return out
 
-    def _barrier_body(self, record):
+    def _all_gather(self, record, data):
+        self._exchange(record, data, writes=True)
+        out = np.empty((self._world_size, data.size), data.dtype)
+        for r in range(self._world_size):
+            out[r] = self._slot(r, data.dtype, data.size)
+        self._control.barrier(record)
+        return out
+
+    def _broadcast(self, record, data, root):
+        self._exchange(record, data, writes=self._rank == root)
+        out = self._slot(root, data.dtype, data.size).copy()
+        self._control.barrier(record)
+        return out
+
+    def _barrier(self, record):
         packed = self._control.publish(record)
         self._control.barrier(record)
         self._check(record, packed)
-
     def _grow(self, nbytes: int, record) -> None:
         capacity = max(nbytes, 2 * self._capacity, _MIN_CAPACITY)
         capacity = -(-capacity // _ALIGN) * _ALIGN
