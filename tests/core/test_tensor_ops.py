@@ -282,3 +282,15 @@ def test_new_ops_trace_as_one_node_each():
     finally:
         dispatch.reset_tracer(token)
     assert rec.names == ["std", "topk", "take_along_axis", "einsum"]
+
+
+def test_einsum_float16_rounds_once_from_float32():
+    a = RNG.standard_normal((3, 5)).astype(np.float16)
+    b = RNG.standard_normal((5, 2)).astype(np.float16)
+    out = eo.einsum("ij,jk->ik", t(a), t(b))
+    assert out.dtype == np.float16
+    ref = np.einsum("ij,jk->ik", a.astype(np.float32), b.astype(np.float32)).astype(np.float16)
+    np.testing.assert_array_equal(out.data, ref)
+    x = t(a.astype(np.float32), grad=True)
+    eo.einsum("ij,jk->ik", x, t(b.astype(np.float32))).sum().backward()
+    np.testing.assert_allclose(x.grad, np.broadcast_to(b.astype(np.float32).sum(1), (3, 5)), rtol=1e-6)

@@ -32,6 +32,7 @@ def normalize_axis(axis, shape, op, *, extra=0):
     (``extra=1`` for ops that insert an axis, like ``stack``).
 
     Example:
+        >>> from everyo.axes import normalize_axis
         >>> normalize_axis(-1, (2, 3), "softmax")
         1
     """
@@ -52,6 +53,7 @@ def normalize_axes(axis, shape, op):
     non-negative axes; None means every axis.
 
     Example:
+        >>> from everyo.axes import normalize_axes
         >>> normalize_axes((-1, 0), (2, 3, 4), "sum")
         (0, 2)
     """

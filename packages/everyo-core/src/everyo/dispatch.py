@@ -35,7 +35,9 @@ and ``on_python_value(tensor, kind)``; ``inputs`` are the op's operands in
 signature order after the policy's casts (Python scalars and arrays wrapped
 as constant Tensors, ``None`` kept), ``outputs`` a tuple of Tensors,
 ``attrs`` every other argument by name (with defaults filled in and some
-resolved, e.g. conv padding as explicit ``pads``). Only the outermost
+resolved, e.g. conv padding as explicit ``pads``). An op may hand back an
+input unchanged (``astype`` to the same dtype, ``dropout`` in eval mode):
+its output is then that same Tensor (an identity). Only the outermost
 primitive is recorded: calls a primitive makes inside itself (``flatten``
 calling ``reshape``), and ops the tracer runs inside ``record``, are not.
 ``on_python_value`` is called before a Tensor becomes a Python value

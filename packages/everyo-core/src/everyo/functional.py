@@ -242,8 +242,7 @@ def _linear_half(x, weight, bias):
 
 
 # --- reductions -----------------------------------------------------------
-def _axes(axis, shape, op):
-    return normalize_axes(axis, shape, op)
+_axes = normalize_axes  # (axis, shape, op) -> sorted tuple of axes, checked as NumPy does
 
 
 def _expand(g, shape, axes, keepdims):
