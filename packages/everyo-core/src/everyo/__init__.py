@@ -28,7 +28,7 @@ from everyo.conv import conv2d, max_pool2d, avg_pool2d  # noqa: E402
 from everyo.losses import mse_loss, cross_entropy, binary_cross_entropy_with_logits  # noqa: E402
 from everyo.padding import resolve_padding2d  # noqa: E402
 from everyo.nn import *  # noqa: E402,F401,F403
-from everyo.optim import SGD, Adam, AdamW, clip_grad_norm  # noqa: E402
+from everyo.optim import SGD, Adam, AdamW, RMSprop, clip_grad_norm  # noqa: E402
 from everyo.data import DataLoader  # noqa: E402
 from everyo.io import save, load  # noqa: E402
 from everyo import _allocator  # noqa: E402

@@ -1,7 +1,8 @@
-"""Optimizers and gradient clipping."""
+"""Optimizers, learning-rate schedules and gradient clipping."""
 from everyo.optim.optimizer import Optimizer
 from everyo.optim.sgd import SGD
 from everyo.optim.adam import Adam, AdamW
+from everyo.optim.rmsprop import RMSprop
 from everyo.optim.clip import clip_grad_norm
 
-__all__ = ["Optimizer", "SGD", "Adam", "AdamW", "clip_grad_norm"]
+__all__ = ["Optimizer", "SGD", "Adam", "AdamW", "RMSprop", "clip_grad_norm"]
