@@ -80,3 +80,50 @@ def checked(owner, checks, values, where):
         except (TypeError, ValueError) as exc:
             raise type(exc)(f"{owner}: {name} in {where} {exc}") from None
     return out
+
+
+class Integer:
+    """An int ``>= low`` (NumPy integers accepted; booleans and floats are not)."""
+
+    def __init__(self, low=0):
+        self.low = low
+
+    def describe(self):
+        return f"an int >= {self.low}"
+
+    def __call__(self, value):
+        if isinstance(value, np.ndarray) and value.ndim == 0:
+            value = value[()]
+        if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
+            raise TypeError(f"must be an int, got {value!r} ({type(value).__name__})")
+        if value < self.low:
+            raise ValueError(f"must be {self.describe()}, got {value!r}")
+        return int(value)
+
+
+class Choice:
+    """One of a few strings."""
+
+    def __init__(self, *options):
+        self.options = options
+
+    def __call__(self, value):
+        if value not in self.options:
+            raise ValueError(f"must be one of {', '.join(map(repr, self.options))}, got {value!r}")
+        return value
+
+
+class PerGroup:
+    """One value for every param group, or a list/tuple with one value per group
+    (checked with ``item``); gives back the list. ``groups`` is set by the caller."""
+
+    def __init__(self, item, groups):
+        self.item, self.groups = item, groups
+
+    def __call__(self, value):
+        if isinstance(value, np.ndarray):
+            value = value.tolist()
+        values = list(value) if isinstance(value, (list, tuple)) else [value] * self.groups
+        if len(values) != self.groups:
+            raise ValueError(f"must give one value per param group ({self.groups}), got {len(values)}")
+        return [self.item(v) for v in values]
