@@ -19,6 +19,7 @@ from everyo.errors import (  # noqa: E402
     EveryOIndexError,
     EveryOSerializationError,
     EveryODistributedError,
+    EveryOInPlaceError,
 )
 from everyo.tensor import Tensor, Parameter, tensor, ones, zeros, randn, arange  # noqa: E402
 from everyo import autograd  # noqa: E402
