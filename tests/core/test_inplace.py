@@ -167,3 +167,39 @@ def test_stepping_a_parameter_once_its_gradient_is_complete_is_fine():
     loss.backward()
     np.testing.assert_allclose(w.data, [1.0, 2.0] - 0.1 * 0.25 * np.exp([0.5, 1.0]))
     np.testing.assert_allclose(u.grad, np.exp([0.5, 1.0]) * ([1.0, 2.0] * np.array([0.5, 0.5]) + 1))
+
+
+def test_detect_inplace_writes_catches_direct_writes_into_the_array():
+    w = eo.Parameter(np.array([1.0, 2.0, 3.0]))
+    with eo.autograd.detect_inplace_writes():
+        y = eo.tanh(w * 2.0).sum()
+        w.data[1] = 7.0  # no version bump: only the saved copy shows it
+        with pytest.raises(eo.EveryOInPlaceError, match=r"backward through mul: its input 0 \(a Parameter of shape "
+                                                          r"\(3,\), float64\) was written into directly"):
+            y.backward()
+    assert eo.autograd.snapshots is None
+
+
+def test_detect_inplace_writes_catches_a_write_through_a_view_and_an_output():
+    x = eo.Parameter(np.arange(6.0).reshape(2, 3))
+    with eo.autograd.detect_inplace_writes():
+        flat = x.reshape(-1)
+        y = (eo.exp(flat) * 1.0).sum()
+        np.multiply(x.data, 2.0, out=x.data)  # writes flat's memory too
+        with pytest.raises(eo.EveryOInPlaceError, match=r"backward through exp: its (input 0|output)"):
+            y.backward()
+
+
+def test_detect_inplace_writes_lets_a_clean_loop_and_value_free_ops_through():
+    lin, x = _layer(3)
+    opt = eo.SGD(lin.parameters(), lr=0.1, momentum=0.9)
+    b = eo.Parameter(np.ones(2, dtype=np.float32))
+    with eo.autograd.detect_inplace_writes():
+        for _ in range(3):
+            opt.zero_grad()
+            b.grad = None
+            s = lin(x) + b
+            b.data[0] = 2.0  # add's gradient does not depend on b
+            s.sum().backward()
+            opt.step()
+    assert np.all(b.grad == 4.0)  # one per row

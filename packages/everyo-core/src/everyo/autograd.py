@@ -46,11 +46,15 @@ Not seen: writes into the ndarray itself (``t.data[...] = 0``,
 ``np.add(t.data, 1, out=t.data)``, ``a = t.data; a += 1``), and in-place
 changes through another tensor that is a NumPy view of the saved one (e.g.
 the output of ``reshape``) -- NumPy offers no hook on writes; these give
-gradients computed from the new values.
+gradients computed from the new values. To find such a write, run the
+forward and backward passes inside :class:`detect_inplace_writes`, which
+keeps a copy of every op's inputs and output and compares (a debugging aid:
+it costs a copy of every activation).
 """
 import functools
 import itertools
 import threading
+import weakref
 
 import numpy as np
 
@@ -70,6 +74,45 @@ def bump_version(tensor):
     """Record that ``tensor``'s values were just changed in place."""
     global latest_version
     latest_version = tensor._version = next(_clock)
+
+
+# id(op output) -> (a weak reference to it, copies of its own and its inputs'
+# values), while detect_inplace_writes is on (process-wide, for debugging).
+snapshots = None
+
+
+class detect_inplace_writes:
+    """Context manager for debugging: also catch writes straight into the
+    arrays that the version check cannot see (``t.data[...] = 0``,
+    ``np.add(..., out=t.data)``, through a NumPy view). Ops recorded inside
+    keep a copy of their inputs and output; backward inside compares them with
+    the current values and raises :class:`~everyo.errors.EveryOInPlaceError`
+    on a difference. Wrap both the forward pass and ``backward()``. Costs a
+    copy of every op's operands while on; process-wide.
+
+    Example:
+        >>> with eo.autograd.detect_inplace_writes():
+        ...     loss = model(x).sum()
+        ...     loss.backward()
+    """
+
+    def __enter__(self):
+        global snapshots
+        self._prev = snapshots
+        if snapshots is None:
+            snapshots = {}
+        return self
+
+    def __exit__(self, *exc):
+        global snapshots
+        snapshots = self._prev
+        return False
+
+
+def snapshot(out):
+    """Keep copies of an op's output and inputs (called by ``Tensor._from_op`` while
+    :class:`detect_inplace_writes` is on)."""
+    snapshots[id(out)] = (weakref.ref(out), [np.array(t._data, copy=True) for t in (out, *out._parents)])
 
 
 def is_grad_enabled():
@@ -178,6 +221,8 @@ def _dependencies(roots):
         node = stack.pop()
         if node._backward is not None and node._saved_at != latest_version:
             _check_unchanged(node)
+        if snapshots and id(node) in snapshots:
+            _compare_snapshot(node)
         for parent in node._parents:
             if parent.requires_grad:
                 key = id(parent)
@@ -282,6 +327,8 @@ def _run(roots, seeds, retain_graph, capture=None):
                 # Free the graph as we go: activations saved by the closure go now.
                 node._backward = _freed
                 node._parents = ()
+                if snapshots:
+                    snapshots.pop(id(node), None)
             del node
             for parent, pg in zip(parents, parent_grads):
                 if not parent.requires_grad:
@@ -414,7 +461,7 @@ def _check_unchanged(node):
         raise EveryOInPlaceError(
             f"backward through {op}: its output ({_describe(node)}) was changed in place after {op} computed "
             f"it, and {op}'s gradient is computed from its saved values. Recompute the forward pass after "
-            f"changing values, or change a copy (t.detach() / np.array(t.data)).")
+            f"changing values, or change a copy (eo.tensor(t.data.copy())).")
     if f"{getattr(backward, '__module__', '')}.{op}" in _READS_NO_INPUT:
         return
     for i, parent in enumerate(node._parents):
@@ -424,4 +471,25 @@ def _check_unchanged(node):
                 f"saved it for backward -- by an optimizer step, a `.data` assignment or an in-place method "
                 f"(add_, mul_, copy_, fill_, zero_) between the forward pass and backward(). The gradient "
                 f"would be computed from the new values. Call optimizer.step() after backward(), recompute "
-                f"the forward pass after changing values, or change a copy.")
+                f"the forward pass after changing values, or change a copy (eo.tensor(t.data.copy())).")
+
+
+def _compare_snapshot(node):
+    ref, saved = snapshots[id(node)]
+    if ref() is not node or node._backward is _freed:
+        return
+    op = _op_name(node._backward)
+    reads_inputs = f"{getattr(node._backward, '__module__', '')}.{op}" not in _READS_NO_INPUT
+    for k, (t, copy) in enumerate(zip((node, *node._parents), saved)):
+        if k and not reads_inputs:
+            break
+        now = t._data
+        same = now.shape == copy.shape and np.array_equal(
+            now, copy, equal_nan=bool(now.dtype.kind in "fc" and copy.dtype.kind in "fc"))
+        if not same:
+            what = "its output" if k == 0 else f"its input {k - 1}"
+            raise EveryOInPlaceError(
+                f"backward through {op}: {what} ({_describe(t)}) was written into directly after {op} saved it "
+                f"(e.g. t.data[...] = ..., or np.<ufunc>(..., out=t.data)): its values differ from the saved "
+                f"copy (seen by eo.autograd.detect_inplace_writes). Change values only between backward() and "
+                f"the next forward pass, or change a copy.")

@@ -60,6 +60,8 @@ class Tensor:
             out._parents = parents
             out._backward = backward
             out._saved_at = autograd.latest_version  # backward checks that no input changed since
+            if autograd.snapshots is not None:
+                autograd.snapshot(out)
         else:
             out.requires_grad = False
             out._parents = ()
