@@ -69,7 +69,7 @@ def test_inplace_methods_compute_like_numpy():
 
 def test_inplace_method_on_a_tensor_that_requires_grad_needs_no_grad():
     w = eo.Parameter(np.ones(2))
-    with pytest.raises(RuntimeError, match=r"Tensor.add_: this tensor .* requires grad.*eo.no_grad\(\)"):
+    with pytest.raises(eo.EveryOInPlaceError, match=r"Tensor.add_: this tensor .* requires grad.*eo.no_grad\(\)"):
         w.add_(1.0)
     with eo.no_grad():
         w.add_(1.0)

@@ -9,6 +9,7 @@ import operator
 import numpy as np
 
 from everyo import autograd
+from everyo.errors import EveryOInPlaceError
 
 _FLOAT_DEFAULT = np.float32
 
@@ -162,7 +163,7 @@ class Tensor:
     # --- in-place changes (not differentiable; each bumps the version) --------
     def _inplace(self, method, change):
         if self.requires_grad and autograd.is_grad_enabled():
-            raise RuntimeError(
+            raise EveryOInPlaceError(
                 f"Tensor.{method}: this tensor (shape {self.shape}, {self.dtype}) requires grad, and in-place "
                 f"changes are not recorded for backward. Change it under eo.no_grad() (e.g. a parameter "
                 f"update), or use the out-of-place op.")
