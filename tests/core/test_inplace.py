@@ -203,3 +203,14 @@ def test_detect_inplace_writes_lets_a_clean_loop_and_value_free_ops_through():
             s.sum().backward()
             opt.step()
     assert np.all(b.grad == 4.0)  # one per row
+
+
+def test_concatenate_and_stack_let_a_change_through():
+    a, b = eo.Parameter(np.array([1.0, 2.0])), eo.Parameter(np.array([3.0]))
+    s = eo.concatenate([a, b]).sum() + eo.stack([a, a]).sum()
+    with eo.no_grad():
+        b.fill_(0.0)
+        a.zero_()
+    s.backward()
+    np.testing.assert_allclose(a.grad, [3.0, 3.0])
+    np.testing.assert_allclose(b.grad, [1.0])

@@ -39,9 +39,12 @@ output) stamped later was changed after the op saved it, and
 forward pass pays one attribute store per op; backward one comparison per
 node, and a loop over the inputs only when something was changed since.
 EveryO treats every input of an op as saved, except for ops whose gradient
-needs no input value (add, sub, neg, sum, mean: they make new arrays, so
-nothing downstream can see a change through them), where a changed input is
-let through; PyTorch lets more through (e.g. the bias of a linear layer).
+needs no input value (add, sub, neg, sum, mean, concatenate, stack: they
+make new arrays, so nothing downstream can see a change through them), where
+a changed input is let through; PyTorch lets more through (e.g. the bias of a
+linear layer). View ops (reshape, transpose, indexing) are never let
+through: their check is what catches a change to a tensor whose view a
+later op saved (tied weights).
 Not seen: writes into the ndarray itself (``t.data[...] = 0``,
 ``np.add(t.data, 1, out=t.data)``, ``a = t.data; a += 1``), and in-place
 changes through another tensor that is a NumPy view of the saved one (e.g.
@@ -431,7 +434,8 @@ def _accumulate_leaf(node, g):
 # Ops whose backward reads no input value and whose output is a new array (not a
 # view): a changed input does not change their gradient. Keyed by the backward
 # closure's qualified name, looked up only when a change was found.
-_READS_NO_INPUT = frozenset(f"everyo.functional.{name}" for name in ("add", "sub", "neg", "sum", "mean"))
+_READS_NO_INPUT = frozenset(f"everyo.functional.{name}"
+                            for name in ("add", "sub", "neg", "sum", "mean", "concatenate", "stack"))
 
 
 def _op_name(backward):
