@@ -55,6 +55,6 @@ class SGD(Optimizer):
                         buf = state["momentum_buffer"] = np.array(g, dtype=p.data.dtype, copy=True)
                     else:
                         buf *= momentum
-                        buf += (1 - dampening) * g
+                        buf += (1 - dampening) * g if dampening else g
                     g = g + momentum * buf if nesterov else buf
                 p.data -= lr * g  # through the Tensor: bumps its version
