@@ -19,6 +19,7 @@ from everyo.errors import (  # noqa: E402
     EveryOIndexError,
     EveryOSerializationError,
     EveryODistributedError,
+    EveryOInPlaceError,
 )
 from everyo.tensor import Tensor, Parameter, tensor, ones, zeros, randn, arange  # noqa: E402
 from everyo import autograd  # noqa: E402
@@ -39,7 +40,7 @@ from everyo.activations import gelu, silu, leaky_relu, elu, softplus  # noqa: E4
 from everyo.losses import mse_loss, cross_entropy, binary_cross_entropy_with_logits  # noqa: E402
 from everyo.padding import resolve_padding2d  # noqa: E402
 from everyo.nn import *  # noqa: E402,F401,F403
-from everyo.optim import SGD, Adam, AdamW, clip_grad_norm  # noqa: E402
+from everyo.optim import SGD, Adam, AdamW, RMSprop, clip_grad_norm  # noqa: E402
 from everyo.data import DataLoader  # noqa: E402
 from everyo.io import save, load  # noqa: E402
 from everyo.io import load_torch_state_dict  # noqa: E402

@@ -27,15 +27,95 @@ function marked ``accepts_deferred = True`` when it already has the
 parent's dtype and shape, and calls ``materialize()`` everywhere else: for a
 leaf's or a retained ``.grad``, a hook, a sum of two gradients, and any other
 backward function. The engine knows nothing else about it.
+
+In-place changes. Every change to a tensor's values made through EveryO
+takes a stamp from one process-wide clock into the tensor's ``_version``:
+``t.data = a`` (and so ``t.data -= a``, as every optimizer step does),
+``add_``, ``mul_``, ``copy_``, ``fill_``, ``zero_``. An op's output records the
+clock when it is made (``_saved_at``), so before any gradient is computed,
+``backward`` checks each node of the graph: an input (or the node's own
+output) stamped later was changed after the op saved it, and
+:class:`~everyo.errors.EveryOInPlaceError` names the op and the tensor. The
+forward pass pays one attribute store per op; backward one comparison per
+node, and a loop over the inputs only when something was changed since.
+EveryO treats every input of an op as saved, except for ops whose gradient
+needs no input value (add, sub, neg, sum, mean, concatenate, stack: they
+make new arrays, so nothing downstream can see a change through them), where
+a changed input is let through; PyTorch lets more through (e.g. the bias of a
+linear layer). View ops (reshape, transpose, indexing) are never let
+through: their check is what catches a change to a tensor whose view a
+later op saved (tied weights).
+Not seen: writes into the ndarray itself (``t.data[...] = 0``,
+``np.add(t.data, 1, out=t.data)``, ``a = t.data; a += 1``), and in-place
+changes through another tensor that is a NumPy view of the saved one (e.g.
+the output of ``reshape``) -- NumPy offers no hook on writes; these give
+gradients computed from the new values. To find such a write, run the
+forward and backward passes inside :class:`detect_inplace_writes`, which
+keeps a copy of every op's inputs and output and compares (a debugging aid:
+it costs a copy of every activation).
 """
 import functools
+import itertools
 import threading
+import weakref
 
 import numpy as np
 
 from everyo.casting import convert
 
+from everyo.errors import EveryOInPlaceError
+
 _state = threading.local()
+
+# The clock of in-place changes (see the module docstring). next() on a
+# count is atomic, so two threads never hand out the same stamp.
+_clock = itertools.count(1)
+latest_version = 0
+
+
+def bump_version(tensor):
+    """Record that ``tensor``'s values were just changed in place."""
+    global latest_version
+    latest_version = tensor._version = next(_clock)
+
+
+# id(op output) -> (a weak reference to it, copies of its own and its inputs'
+# values), while detect_inplace_writes is on (process-wide, for debugging).
+snapshots = None
+
+
+class detect_inplace_writes:
+    """Context manager for debugging: also catch writes straight into the
+    arrays that the version check cannot see (``t.data[...] = 0``,
+    ``np.add(..., out=t.data)``, through a NumPy view). Ops recorded inside
+    keep a copy of their inputs and output; backward inside compares them with
+    the current values and raises :class:`~everyo.errors.EveryOInPlaceError`
+    on a difference. Wrap both the forward pass and ``backward()``. Costs a
+    copy of every op's operands while on; process-wide.
+
+    Example:
+        >>> with eo.autograd.detect_inplace_writes():
+        ...     loss = model(x).sum()
+        ...     loss.backward()
+    """
+
+    def __enter__(self):
+        global snapshots
+        self._prev = snapshots
+        if snapshots is None:
+            snapshots = {}
+        return self
+
+    def __exit__(self, *exc):
+        global snapshots
+        snapshots = self._prev
+        return False
+
+
+def snapshot(out):
+    """Keep copies of an op's output and inputs (called by ``Tensor._from_op`` while
+    :class:`detect_inplace_writes` is on)."""
+    snapshots[id(out)] = (weakref.ref(out), [np.array(t._data, copy=True) for t in (out, *out._parents)])
 
 
 def is_grad_enabled():
@@ -142,6 +222,10 @@ def _dependencies(roots):
             stack.append(root)
     while stack:
         node = stack.pop()
+        if node._backward is not None and node._saved_at != latest_version:
+            _check_unchanged(node)
+        if snapshots and id(node) in snapshots:
+            _compare_snapshot(node)
         for parent in node._parents:
             if parent.requires_grad:
                 key = id(parent)
@@ -202,7 +286,8 @@ def _run(roots, seeds, retain_graph, capture=None):
     for root, g in zip(roots, seeds):
         key = id(root)
         grads[key] = g if key not in grads else materialize(grads[key]) + g
-    pending = _dependencies(roots)
+    pending = _dependencies(roots)  # also checks every node for in-place changes
+    checked_at = latest_version
     # A node runs once every use of it has delivered its gradient (Kahn's
     # order). Ready nodes are a stack, so a leaf runs -- and its
     # post-accumulate hooks fire -- as soon as its last use is done, not at
@@ -237,12 +322,16 @@ def _run(roots, seeds, retain_graph, capture=None):
                 _accumulate_leaf(node, g)
             elif not isinstance(g, _ARRAYS) and not getattr(node._backward, "accepts_deferred", False):
                 g = g.materialize()
+            if latest_version != checked_at and node._saved_at != latest_version:
+                _check_unchanged(node)  # a hook changed something during this pass
             parent_grads = node._backward(g)
             parents = node._parents
             if not retain_graph:
                 # Free the graph as we go: activations saved by the closure go now.
                 node._backward = _freed
                 node._parents = ()
+                if snapshots:
+                    snapshots.pop(id(node), None)
             del node
             for parent, pg in zip(parents, parent_grads):
                 if not parent.requires_grad:
@@ -339,3 +428,72 @@ def _accumulate_leaf(node, g):
     if node._post_hooks:
         for hook in list(node._post_hooks):
             hook(node)
+
+
+# --- in-place change detection ------------------------------------------------------
+# Ops whose backward reads no input value and whose output is a new array (not a
+# view): a changed input does not change their gradient. Keyed by the backward
+# closure's qualified name, looked up only when a change was found.
+_READS_NO_INPUT = frozenset(f"everyo.functional.{name}"
+                            for name in ("add", "sub", "neg", "sum", "mean", "concatenate", "stack"))
+
+
+def _op_name(backward):
+    """``linear`` for the closure ``functional.linear.<locals>.backward``."""
+    qualname = getattr(backward, "__qualname__", type(backward).__name__)
+    return qualname.split(".<locals>")[0]
+
+
+def _describe(t):
+    kind = type(t).__name__
+    if t._backward is not None:
+        kind = f"an intermediate {kind} (the output of {_op_name(t._backward)})"
+    elif t.requires_grad:
+        kind = f"a {kind}" if kind == "Parameter" else f"a leaf {kind} that requires grad"
+    else:
+        kind = f"a {kind} that does not require grad"
+    return f"{kind} of shape {t._data.shape}, {t._data.dtype}"
+
+
+def _check_unchanged(node):
+    at = node._saved_at
+    backward = node._backward
+    if backward is _freed:
+        return  # its own error says more
+    op = _op_name(backward)
+    if node._version > at:
+        raise EveryOInPlaceError(
+            f"backward through {op}: its output ({_describe(node)}) was changed in place after {op} computed "
+            f"it, and {op}'s gradient is computed from its saved values. Recompute the forward pass after "
+            f"changing values, or change a copy (eo.tensor(t.data.copy())).")
+    if f"{getattr(backward, '__module__', '')}.{op}" in _READS_NO_INPUT:
+        return
+    for i, parent in enumerate(node._parents):
+        if parent._version > at:
+            raise EveryOInPlaceError(
+                f"backward through {op}: its input {i} ({_describe(parent)}) was changed in place after {op} "
+                f"saved it for backward -- by an optimizer step, a `.data` assignment or an in-place method "
+                f"(add_, mul_, copy_, fill_, zero_) between the forward pass and backward(). The gradient "
+                f"would be computed from the new values. Call optimizer.step() after backward(), recompute "
+                f"the forward pass after changing values, or change a copy (eo.tensor(t.data.copy())).")
+
+
+def _compare_snapshot(node):
+    ref, saved = snapshots[id(node)]
+    if ref() is not node or node._backward is _freed:
+        return
+    op = _op_name(node._backward)
+    reads_inputs = f"{getattr(node._backward, '__module__', '')}.{op}" not in _READS_NO_INPUT
+    for k, (t, copy) in enumerate(zip((node, *node._parents), saved)):
+        if k and not reads_inputs:
+            break
+        now = t._data
+        same = now.shape == copy.shape and np.array_equal(
+            now, copy, equal_nan=bool(now.dtype.kind in "fc" and copy.dtype.kind in "fc"))
+        if not same:
+            what = "its output" if k == 0 else f"its input {k - 1}"
+            raise EveryOInPlaceError(
+                f"backward through {op}: {what} ({_describe(t)}) was written into directly after {op} saved it "
+                f"(e.g. t.data[...] = ..., or np.<ufunc>(..., out=t.data)): its values differ from the saved "
+                f"copy (seen by eo.autograd.detect_inplace_writes). Change values only between backward() and "
+                f"the next forward pass, or change a copy.")

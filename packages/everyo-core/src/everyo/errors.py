@@ -40,3 +40,10 @@ class EveryOSerializationError(EveryOError):
 
 class EveryODistributedError(EveryOError, RuntimeError):
     """A collective or a worker process failed."""
+
+
+class EveryOInPlaceError(EveryOError, RuntimeError):
+    """A value saved for backward was changed in place before backward ran
+    (an optimizer step, ``.data`` assignment or in-place method between the
+    forward pass and ``backward()``). The message names the op and the tensor.
+    ``RuntimeError``, as PyTorch raises for the same mistake."""

@@ -4,9 +4,12 @@ Ops live in :mod:`everyo.functional` (elementwise, reductions, shapes,
 matmul) and :mod:`everyo.conv` (convolution, pooling); they are attached to
 ``Tensor`` as methods and operators there, so this file stays about state.
 """
+import operator
+
 import numpy as np
 
 from everyo import autograd, dispatch
+from everyo.errors import EveryOInPlaceError
 
 _FLOAT_DEFAULT = np.float32
 
@@ -27,15 +30,16 @@ class Tensor:
         array([[2., 4.]], dtype=float32)
     """
 
-    __slots__ = ("data", "grad", "requires_grad", "_parents", "_backward", "_retain", "_hooks", "_post_hooks",
-                 "__weakref__")
+    __slots__ = ("_data", "grad", "requires_grad", "_parents", "_backward", "_retain", "_hooks", "_post_hooks",
+                 "__weakref__", "_version", "_saved_at")
     __array_priority__ = 1000  # ndarray (op) Tensor defers to Tensor's reflected op
     # Comparisons are elementwise (everyo.comparisons), hashing stays by
     # identity: tensors remain usable as dict keys and set members.
     __hash__ = object.__hash__
 
     def __init__(self, data, requires_grad=False, dtype=None):
-        self.data = _to_array(data, dtype)
+        self._data = _to_array(data, dtype)
+        self._version = 0
         if requires_grad and not np.issubdtype(self.data.dtype, np.floating):
             raise TypeError(f"only floating-point tensors can require grad, got {self.data.dtype}")
         self.grad = None
@@ -50,7 +54,8 @@ class Tensor:
     def _from_op(data, parents, backward):
         """Wrap an op's output; record the graph only when a parent needs it."""
         out = Tensor.__new__(Tensor)
-        out.data = data
+        out._data = data
+        out._version = 0
         out.grad = None
         out._retain = False
         out._hooks = out._post_hooks = ()
@@ -58,6 +63,9 @@ class Tensor:
             out.requires_grad = True
             out._parents = parents
             out._backward = backward
+            out._saved_at = autograd.latest_version  # backward checks that no input changed since
+            if autograd.snapshots is not None:
+                autograd.snapshot(out)
         else:
             out.requires_grad = False
             out._parents = ()
@@ -65,6 +73,14 @@ class Tensor:
         return out
 
     # --- properties ----------------------------------------------------
+    def _set_data(self, value):
+        self._data = value
+        autograd.bump_version(self)
+
+    data = property(operator.attrgetter("_data"), _set_data, doc=(
+        "The values, an ndarray. Assigning to it (``t.data = a``, and so ``t.data -= a``) counts as an "
+        "in-place change, which backward checks (see :mod:`everyo.autograd`)."))
+
     @property
     def dtype(self):
         """The ``numpy.dtype`` of the values. It compares equal to its name
@@ -185,6 +201,41 @@ class Tensor:
 
     def zero_grad(self):
         self.grad = None
+
+    # --- in-place changes (not differentiable; each bumps the version) --------
+    def _inplace(self, method, change):
+        if self.requires_grad and autograd.is_grad_enabled():
+            raise EveryOInPlaceError(
+                f"Tensor.{method}: this tensor (shape {self.shape}, {self.dtype}) requires grad, and in-place "
+                f"changes are not recorded for backward. Change it under eo.no_grad() (e.g. a parameter "
+                f"update), or use the out-of-place op.")
+        change(self._data)
+        autograd.bump_version(self)
+        return self
+
+    def add_(self, other, alpha=1):
+        """``self += alpha * other`` in place; returns ``self``."""
+        other = other.data if isinstance(other, Tensor) else other
+        return self._inplace("add_", lambda a: np.add(a, other if alpha == 1 else alpha * np.asarray(other), out=a,
+                                                      casting="same_kind"))
+
+    def mul_(self, other):
+        """``self *= other`` in place; returns ``self``."""
+        other = other.data if isinstance(other, Tensor) else other
+        return self._inplace("mul_", lambda a: np.multiply(a, other, out=a, casting="same_kind"))
+
+    def copy_(self, src):
+        """Copy ``src``'s values (broadcast to this shape, cast to this dtype) into this tensor."""
+        src = src.data if isinstance(src, Tensor) else src
+        return self._inplace("copy_", lambda a: np.copyto(a, src, casting="unsafe"))
+
+    def fill_(self, value):
+        """Set every element to ``value``; returns ``self``."""
+        return self._inplace("fill_", lambda a: a.fill(value))
+
+    def zero_(self):
+        """Set every element to 0; returns ``self``."""
+        return self.fill_(0)
 
 
 class Parameter(Tensor):

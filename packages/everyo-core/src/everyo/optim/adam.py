@@ -1,57 +1,87 @@
+import math
 
 import numpy as np
 
+from everyo.optim.hyper import Flag, Pair, Real
 from everyo.optim.optimizer import Optimizer
 
 
 class Adam(Optimizer):
-    """Adam (Kingma & Ba) with bias correction; ``weight_decay`` is L2 added to the gradient."""
+    """Adam (Kingma & Ba) with bias correction, PyTorch's update rule::
 
-    _hyper = ("lr", "betas", "eps", "weight_decay")
+        g = grad + weight_decay * p                  (Adam: L2 in the gradient)
+        p *= 1 - lr * weight_decay                   (AdamW: decoupled instead)
+        m = b1 * m + (1 - b1) * g;  v = b2 * v + (1 - b2) * g * g
+        v_hat = max(v_hat, v) if amsgrad else v
+        p -= lr / (1 - b1**t) * m / (sqrt(v_hat) / sqrt(1 - b2**t) + eps)
+
+    Args:
+        params: an iterable of Tensors, or of param-group dicts (see :class:`Optimizer`).
+        lr, eps, weight_decay: numbers >= 0.
+        betas: two numbers in [0, 1).
+        amsgrad: use the running maximum of ``v`` (Reddi et al.).
+
+    Example:
+        >>> opt = eo.Adam(model.parameters(), lr=1e-3, amsgrad=True)
+    """
+
+    _hyper = {"lr": Real(), "betas": Pair(Real(0.0, 1.0, open_high=True)), "eps": Real(),
+              "weight_decay": Real(), "amsgrad": Flag()}
     _decoupled = False
 
-    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0):
-        if lr < 0 or eps < 0 or not all(0 <= b < 1 for b in betas):
-            raise ValueError(f"{type(self).__name__}: invalid lr={lr}, betas={betas} or eps={eps}")
-        super().__init__(params, lr=lr, betas=tuple(float(b) for b in betas), eps=eps, weight_decay=weight_decay)
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, amsgrad=False):
+        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad))
 
-    def load_state_dict(self, state_dict):
-        super().load_state_dict(state_dict)
-        self.betas = tuple(float(b) for b in np.asarray(self.betas).reshape(-1))
+    def _check_state(self, index, entry, group):
+        if entry:
+            keys = ("step", "exp_avg", "exp_avg_sq") + (("max_exp_avg_sq",) if group["amsgrad"] else ())
+            self._require(index, entry, keys)
 
-    def step(self):
-        b1, b2 = self.betas
-        for i, p in enumerate(self.params):
-            g = p.grad
-            if g is None:
-                continue
-            if self.weight_decay and self._decoupled:
-                p.data *= 1 - self.lr * self.weight_decay
-            elif self.weight_decay:
-                g = g + self.weight_decay * p.data
-            state = self.state.setdefault(i, {})
-            if not state:
-                state["step"] = 0
-                state["exp_avg"] = np.zeros_like(p.data)
-                state["exp_avg_sq"] = np.zeros_like(p.data)
-            state["step"] = int(state["step"]) + 1
-            t = state["step"]
-            m, v = state["exp_avg"], state["exp_avg_sq"]
-            m *= b1
-            m += (1 - b1) * g
-            v *= b2
-            v += (1 - b2) * (g * g)
-            step_size = self.lr / (1 - b1 ** t)
-            denom = np.sqrt(v / (1 - b2 ** t)) + self.eps
-            p.data -= (step_size * m / denom).astype(p.data.dtype, copy=False)
+    def _step(self):
+        for group, indexed in self._groups():
+            lr, (b1, b2), eps, wd, amsgrad = (group["lr"], group["betas"], group["eps"], group["weight_decay"],
+                                              group["amsgrad"])
+            for i, p in indexed:
+                g = p.grad
+                if g is None:
+                    continue
+                if wd and self._decoupled:
+                    p.data *= 1 - lr * wd
+                elif wd:
+                    g = g + wd * p.data
+                state = self.state.setdefault(i, {})
+                if not state:
+                    state["step"] = 0
+                    state["exp_avg"] = np.zeros_like(p.data)
+                    state["exp_avg_sq"] = np.zeros_like(p.data)
+                if amsgrad and "max_exp_avg_sq" not in state:
+                    state["max_exp_avg_sq"] = np.zeros_like(p.data)
+                state["step"] = t = int(state["step"]) + 1
+                m, v = state["exp_avg"], state["exp_avg_sq"]
+                m *= b1
+                m += (1 - b1) * g
+                v *= b2
+                gg = np.multiply(g, g, dtype=v.dtype)
+                gg *= 1 - b2
+                v += gg
+                if amsgrad:
+                    v = np.maximum(state["max_exp_avg_sq"], v, out=state["max_exp_avg_sq"])
+                denom = np.sqrt(v, out=gg)  # reuses the scratch array
+                denom /= math.sqrt(1 - b2 ** t)
+                denom += eps
+                np.divide(m, denom, out=denom)
+                denom *= lr / (1 - b1 ** t)
+                p.data -= denom  # through the Tensor: bumps its version
 
 
 class AdamW(Adam):
-    """Adam with decoupled weight decay (Loshchilov & Hutter): ``p *= 1 - lr * wd`` each step."""
+    """Adam with decoupled weight decay (Loshchilov & Hutter): ``p *= 1 - lr * wd`` each step.
+
+    Example:
+        >>> opt = eo.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
+    """
 
     _decoupled = True
 
-    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2):
-        super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
-
-
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, amsgrad=False):
+        super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad)

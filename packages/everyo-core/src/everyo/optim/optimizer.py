@@ -1,64 +1,279 @@
-"""Optimizer base: the parameter list, zero_grad and a checkpointable state."""
+"""Optimizer base: param groups, zero_grad and a checkpointable, validated state."""
 import numpy as np
 
+from everyo import autograd
 from everyo.errors import EveryOStateDictError
+from everyo.optim.hyper import checked
+from everyo.tensor import Tensor
 
 
 class Optimizer:
-    """Base class. ``state`` maps a parameter's index to its per-parameter state
-    (NumPy arrays and numbers), so it saves with ``eo.save`` without pickle."""
+    """Base class, with PyTorch's param groups.
 
-    _hyper = ()
+    ``params`` is an iterable of Tensors, or of dicts ``{"params": [...],
+    "lr": ..., ...}`` each giving a group its own hyperparameters (those it
+    leaves out come from the optimizer's arguments). ``param_groups`` is the
+    list of these dicts (a scheduler changes ``group["lr"]``); ``params`` is
+    the flat list of every parameter, group after group, and ``state`` maps a
+    parameter's index in it to its per-parameter state (NumPy arrays and
+    numbers), so it saves with ``eo.save`` without pickle.
 
-    def __init__(self, params, **hyper):
-        self.params = list(params)
-        if not self.params:
-            raise ValueError(f"{type(self).__name__} got an empty parameter list")
-        for name, value in hyper.items():
-            setattr(self, name, value)
+    Subclasses set ``_hyper`` (name -> check, from :mod:`everyo.optim.hyper`).
+
+    Example:
+        >>> decay = [p for p in model.parameters() if p.ndim > 1]
+        >>> no_decay = [p for p in model.parameters() if p.ndim <= 1]
+        >>> opt = eo.AdamW([{"params": decay}, {"params": no_decay, "weight_decay": 0.0}], lr=1e-3)
+    """
+
+    _hyper = {}
+
+    def __init__(self, params, defaults):
+        name = type(self).__name__
+        self.defaults = checked(name, self._hyper, defaults, "the defaults")
+        self._check_group(self.defaults, "the defaults")
+        self.param_groups = []
+        self.params = []
         self.state = {}
+        if isinstance(params, (Tensor, dict)):
+            raise TypeError(f"{name}: params must be an iterable of Tensors or of param-group dicts, "
+                            f"got a single {type(params).__name__}; wrap it in a list")
+        groups = list(params)
+        if all(isinstance(g, dict) for g in groups):
+            for group in groups:
+                self.add_param_group(group)
+        elif any(isinstance(g, dict) for g in groups):
+            raise TypeError(f"{name}: params mixes Tensors and param-group dicts; give one or the other")
+        else:
+            self.add_param_group({"params": groups})
+        if not self.params:
+            raise ValueError(f"{name} got an empty parameter list")
 
-    def zero_grad(self):
+    # --- groups ----------------------------------------------------------
+    def add_param_group(self, param_group):
+        """Add a group: a dict with ``"params"`` and any hyperparameters to override.
+
+        Raises ``TypeError``/``ValueError`` naming the group for a bad value, a
+        non-Tensor, a non-leaf, or a parameter already in a group.
+        """
+        name, where = type(self).__name__, f"param group {len(self.param_groups)}"
+        if not isinstance(param_group, dict) or "params" not in param_group:
+            raise TypeError(f"{name}: {where} must be a dict with a 'params' entry, got {param_group!r}")
+        params = param_group["params"]
+        if isinstance(params, Tensor):
+            params = [params]
+        elif isinstance(params, (set, frozenset)):
+            raise TypeError(f"{name}: {where} gives its params as a set, whose order changes between runs; "
+                            f"use a list so checkpoints map state to the right parameter")
+        else:
+            params = list(params)
+        seen = {id(p): g for g, group in enumerate(self.param_groups) for p in group["params"]}
+        for k, p in enumerate(params):
+            if not isinstance(p, Tensor):
+                raise TypeError(f"{name}: {where}, entry {k} is a {type(p).__name__}, not a Tensor")
+            if not p.is_leaf:
+                raise ValueError(f"{name}: {where}, entry {k} (shape {p.shape}) is the result of an op, not a "
+                                 f"leaf; optimize the Parameter (or a detached copy) instead")
+            if id(p) in seen:
+                other = "the same group" if seen[id(p)] == len(self.param_groups) else f"param group {seen[id(p)]}"
+                raise ValueError(f"{name}: the parameter of shape {p.shape} in {where} (entry {k}) is already "
+                                 f"in {other}; a parameter can belong to one group only, once")
+            seen[id(p)] = len(self.param_groups)
+        values = {**self.defaults, **param_group}
+        group = {**param_group, **checked(name, self._hyper, values, where)}
+        self._check_group(group, where)
+        group["params"] = params
+        self.param_groups.append(group)
+        self.params.extend(params)
+
+    def _check_group(self, group, where):
+        """Checks that involve several hyperparameters of one group (a subclass's)."""
+
+    # Single-group 0.1 code reads and sets ``opt.lr``; keep that meaning, and
+    # refuse it where groups disagree rather than answer for one of them.
+    def __getattr__(self, name):
+        groups = self.__dict__.get("param_groups")
+        if groups is not None and name in type(self)._hyper:
+            values = [g[name] for g in groups]
+            if all(v == values[0] for v in values):
+                return values[0]
+            raise AttributeError(f"{type(self).__name__}.{name}: the param groups differ ({values}); "
+                                 f"read optimizer.param_groups[i][{name!r}]")
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def __setattr__(self, name, value):
+        if name in type(self)._hyper and "param_groups" in self.__dict__:
+            for i, group in enumerate(self.param_groups):
+                group.update(checked(type(self).__name__, {name: self._hyper[name]}, {name: value},
+                                     f"param group {i}"))
+            return
+        object.__setattr__(self, name, value)
+
+    # --- stepping ----------------------------------------------------------
+    def zero_grad(self, set_to_none=True):
+        """Clear every parameter's gradient: ``None`` (default), or zeros when
+        ``set_to_none=False``."""
         for p in self.params:
-            p.grad = None
+            if set_to_none or p.grad is None:
+                p.grad = None
+            else:
+                p.grad = np.zeros_like(p.grad)
 
-    def step(self):
+    def step(self, closure=None):
+        """Update the parameters once. ``closure`` (optional) recomputes and
+        returns the loss, which ``step`` returns."""
+        loss = None
+        if closure is not None:
+            with autograd.enable_grad():
+                loss = closure()
+        self._step()
+        return loss
+
+    def _step(self):
         raise NotImplementedError
 
+    def _groups(self):
+        """(group, [(state index, parameter), ...]) for each group, in order."""
+        start = 0
+        for group in self.param_groups:
+            params = group["params"]
+            yield group, enumerate(params, start)
+            start += len(params)
+
+    # --- checkpoints -------------------------------------------------------
     def state_dict(self):
-        return {
-            "hyper": {name: getattr(self, name) for name in self._hyper},
-            "state": {str(i): {k: (v.copy() if isinstance(v, np.ndarray) else v) for k, v in s.items()}
-                      for i, s in self.state.items()},
-        }
+        """``{"state": {"<index>": {...}}, "param_groups": [{..., "params": [indices]}]}``
+        (copies; holds only what ``eo.save`` accepts)."""
+        groups, start = [], 0
+        for group in self.param_groups:
+            entry = {k: v for k, v in group.items() if k != "params"}
+            entry["params"] = list(range(start, start + len(group["params"])))
+            start += len(group["params"])
+            groups.append(entry)
+        state = {str(i): {k: (v.copy() if isinstance(v, np.ndarray) else v) for k, v in s.items()}
+                 for i, s in self.state.items()}
+        return {"state": state, "param_groups": groups}
 
     def load_state_dict(self, state_dict):
-        """Restore hyperparameters and per-parameter state; validated before anything changes."""
+        """Restore param groups' hyperparameters and per-parameter state.
+
+        Everything is validated before anything changes: the group structure
+        and state shapes (``EveryOStateDictError``), the hyperparameters (the
+        constructor's ``TypeError``/``ValueError``). A 0.1 state dict
+        (``{"hyper": ..., "state": ...}``) applies its hyperparameters to every group.
+        """
+        name = type(self).__name__
         try:
-            hyper, state = state_dict["hyper"], state_dict["state"]
+            state = state_dict["state"]
+            saved_groups = (state_dict["param_groups"] if "param_groups" in state_dict
+                            else self._legacy_groups(state_dict["hyper"]))
         except (KeyError, TypeError):
             raise EveryOStateDictError(
-                f"{type(self).__name__}.load_state_dict needs a dict with 'hyper' and 'state' "
-                f"(as returned by state_dict()), got keys {list(getattr(state_dict, 'keys', lambda: [])())}"
+                f"{name}.load_state_dict needs a dict with 'param_groups' and 'state' (as returned by "
+                f"state_dict(); a 0.1 one with 'hyper' and 'state' loads too), got keys "
+                f"{list(getattr(state_dict, 'keys', lambda: [])())}"
             ) from None
+        index_of = self._saved_index_map(saved_groups)
+        new_groups = []
+        for g, (saved, group) in enumerate(zip(saved_groups, self.param_groups)):
+            where = f"param group {g} of the loaded state dict"
+            values = {**group, **{k: v for k, v in saved.items() if k != "params"}}
+            new = {**values, **checked(name, self._hyper, values, where)}
+            self._check_group(new, where)
+            new["params"] = group["params"]
+            new_groups.append(new)
+        if not isinstance(state, dict):
+            raise EveryOStateDictError(f"{name}: the state dict's 'state' must be a dict, got {type(state).__name__}")
+        group_of = [group for group, indexed in zip(new_groups, self._groups()) for _ in indexed[1]]
         new_state = {}
         for key, entry in state.items():
-            i = int(key)
-            if not 0 <= i < len(self.params):
+            try:
+                i = index_of[int(key)]
+            except (KeyError, ValueError, TypeError):
                 raise EveryOStateDictError(
-                    f"{type(self).__name__} state refers to parameter {i}, but the optimizer has "
-                    f"{len(self.params)} parameters"
-                )
-            shape = self.params[i].data.shape
-            for name, value in entry.items():
-                if isinstance(value, np.ndarray) and value.ndim and value.shape != shape:
+                    f"{name} state refers to parameter {key}, which no loaded param group lists "
+                    f"(the optimizer has {len(self.params)} parameters)"
+                ) from None
+            if not isinstance(entry, dict):
+                raise EveryOStateDictError(f"{name} state for parameter {i} must be a dict, got {type(entry).__name__}")
+            p = self.params[i]
+            for k, value in entry.items():
+                if isinstance(value, np.ndarray) and value.ndim and value.shape != p.data.shape:
                     raise EveryOStateDictError(
-                        f"{type(self).__name__} state {name!r} for parameter {i} has shape "
-                        f"{value.shape}, the parameter has {shape}"
+                        f"{name} state {k!r} for parameter {i} has shape {value.shape}, the parameter has "
+                        f"{p.data.shape}"
                     )
-            new_state[i] = {k: (np.array(v) if isinstance(v, np.ndarray) else v) for k, v in entry.items()}
-        for name in self._hyper:
-            if name in hyper:
-                value = hyper[name]
-                setattr(self, name, value.item() if isinstance(value, np.ndarray) and value.ndim == 0 else value)
+            self._check_state(i, entry, group_of[i])
+            new_state[i] = {k: self._own(v, p) for k, v in entry.items()}
+        for group, new in zip(self.param_groups, new_groups):
+            group.clear()
+            group.update(new)
         self.state = new_state
+
+    def _check_state(self, index, entry, group):
+        """Raise ``EveryOStateDictError`` if a loaded per-parameter state lacks what ``step`` needs."""
+
+    def _require(self, index, entry, keys):
+        # A helper for _check_state: ``keys`` must be present, arrays of the parameter's shape.
+        for k in keys:
+            if k not in entry:
+                raise EveryOStateDictError(
+                    f"{type(self).__name__} state for parameter {index} has no {k!r} (it has {sorted(entry)})")
+            if k != "step" and not isinstance(entry[k], np.ndarray):
+                raise EveryOStateDictError(
+                    f"{type(self).__name__} state {k!r} for parameter {index} must be an array, got "
+                    f"{type(entry[k]).__name__}")
+        if "step" in entry:
+            step = entry["step"]
+            if isinstance(step, np.ndarray):
+                step = step[()] if step.ndim == 0 else step
+            if isinstance(step, (bool, np.bool_)) or not isinstance(step, (int, np.integer)) or step < 0:
+                raise EveryOStateDictError(
+                    f"{type(self).__name__} state 'step' for parameter {index} must be an int >= 0, got {step!r}")
+
+    @staticmethod
+    def _own(value, p):
+        if isinstance(value, np.ndarray):
+            if value.ndim == 0:
+                return value.item()
+            floating = np.issubdtype(value.dtype, np.floating)
+            return np.array(value, dtype=p.data.dtype if floating else value.dtype, copy=True)
+        return value
+
+    def _legacy_groups(self, hyper):
+        if not isinstance(hyper, dict):
+            raise TypeError
+        groups, start = [], 0
+        for group in self.param_groups:
+            n = len(group["params"])
+            groups.append({**hyper, "params": list(range(start, start + n))})
+            start += n
+        return groups
+
+    def _saved_index_map(self, saved_groups):
+        """saved parameter id -> index in ``self.params``, matching groups by position as PyTorch does."""
+        name = type(self).__name__
+        if not isinstance(saved_groups, (list, tuple)) or not all(isinstance(g, dict) for g in saved_groups):
+            raise EveryOStateDictError(f"{name}: the state dict's 'param_groups' must be a list of dicts")
+        if len(saved_groups) != len(self.param_groups):
+            raise EveryOStateDictError(
+                f"{name}: the state dict has {len(saved_groups)} param groups, this optimizer has "
+                f"{len(self.param_groups)}")
+        index_of = {}
+        for g, (saved, (group, indexed)) in enumerate(zip(saved_groups, self._groups())):
+            ids = saved.get("params")
+            if isinstance(ids, np.ndarray):
+                ids = ids.tolist()
+            if not isinstance(ids, (list, tuple)) or len(ids) != len(group["params"]):
+                got = len(ids) if isinstance(ids, (list, tuple)) else repr(ids)
+                raise EveryOStateDictError(
+                    f"{name}: param group {g} of the state dict has {got} parameters, this optimizer's has "
+                    f"{len(group['params'])}")
+            for saved_id, (i, _) in zip(ids, indexed):
+                if isinstance(saved_id, (bool, np.bool_)) or not isinstance(saved_id, (int, np.integer)) \
+                        or int(saved_id) in index_of:
+                    raise EveryOStateDictError(
+                        f"{name}: param group {g} of the state dict lists parameter id {saved_id!r} "
+                        f"(ids must be distinct ints)")
+                index_of[int(saved_id)] = i
+        return index_of

@@ -1,41 +1,60 @@
 import numpy as np
 
+from everyo.optim.hyper import Flag, Real
 from everyo.optim.optimizer import Optimizer
 
 
 class SGD(Optimizer):
-    """Stochastic gradient descent with optional momentum, Nesterov and L2 weight decay
-    (PyTorch's update rule).
+    """Stochastic gradient descent with optional momentum, Nesterov and L2 weight
+    decay (PyTorch's update rule)::
+
+        g = grad + weight_decay * p
+        buf = g  (first step)  or  momentum * buf + (1 - dampening) * g
+        g = g + momentum * buf  (nesterov)  or  buf
+        p -= lr * g
+
+    Args:
+        params: an iterable of Tensors, or of param-group dicts (see :class:`Optimizer`).
+        lr, momentum, dampening, weight_decay: numbers >= 0 (dampening in [0, 1]).
+        nesterov: Nesterov momentum (needs momentum > 0 and dampening == 0).
 
     Example:
         >>> opt = eo.SGD(model.parameters(), lr=0.05, momentum=0.9)
     """
 
-    _hyper = ("lr", "momentum", "dampening", "nesterov", "weight_decay")
+    _hyper = {"lr": Real(), "momentum": Real(), "dampening": Real(0.0, 1.0), "nesterov": Flag(),
+              "weight_decay": Real()}
 
     def __init__(self, params, lr=0.01, momentum=0.0, dampening=0.0, nesterov=False, weight_decay=0.0):
-        if lr < 0:
-            raise ValueError(f"SGD: learning rate must be >= 0, got {lr}")
-        if nesterov and (momentum <= 0 or dampening != 0):
-            raise ValueError("SGD: nesterov needs momentum > 0 and dampening == 0")
-        super().__init__(params, lr=lr, momentum=momentum, dampening=dampening, nesterov=nesterov,
-                         weight_decay=weight_decay)
+        super().__init__(params, dict(lr=lr, momentum=momentum, dampening=dampening, nesterov=nesterov,
+                                      weight_decay=weight_decay))
 
-    def step(self):
-        for i, p in enumerate(self.params):
-            g = p.grad
-            if g is None:
-                continue
-            if self.weight_decay:
-                g = g + self.weight_decay * p.data
-            if self.momentum:
-                state = self.state.setdefault(i, {})
-                buf = state.get("momentum_buffer")
-                if buf is None:
-                    buf = np.array(g, dtype=p.data.dtype, copy=True)
-                else:
-                    buf *= self.momentum
-                    buf += (1 - self.dampening) * g
-                state["momentum_buffer"] = buf
-                g = g + self.momentum * buf if self.nesterov else buf
-            p.data -= self.lr * g
+    def _check_group(self, group, where):
+        if group["nesterov"] and (group["momentum"] <= 0 or group["dampening"] != 0):
+            raise ValueError(f"SGD: nesterov=True in {where} needs momentum > 0 and dampening == 0, got "
+                             f"momentum={group['momentum']!r}, dampening={group['dampening']!r}")
+
+    def _check_state(self, index, entry, group):
+        if entry:
+            self._require(index, entry, ("momentum_buffer",))
+
+    def _step(self):
+        for group, indexed in self._groups():
+            lr, momentum, wd = group["lr"], group["momentum"], group["weight_decay"]
+            dampening, nesterov = group["dampening"], group["nesterov"]
+            for i, p in indexed:
+                g = p.grad
+                if g is None:
+                    continue
+                if wd:
+                    g = g + wd * p.data
+                if momentum:
+                    state = self.state.setdefault(i, {})
+                    buf = state.get("momentum_buffer")
+                    if buf is None:
+                        buf = state["momentum_buffer"] = np.array(g, dtype=p.data.dtype, copy=True)
+                    else:
+                        buf *= momentum
+                        buf += (1 - dampening) * g if dampening else g
+                    g = g + momentum * buf if nesterov else buf
+                p.data -= lr * g  # through the Tensor: bumps its version
