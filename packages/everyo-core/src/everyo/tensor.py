@@ -7,6 +7,7 @@ matmul) and :mod:`everyo.conv` (convolution, pooling); they are attached to
 import numpy as np
 
 from everyo import autograd
+from everyo.random import generator_for
 
 _FLOAT_DEFAULT = np.float32
 
@@ -191,8 +192,8 @@ def zeros(*shape, dtype="float32", requires_grad=False):
 
 
 def randn(*shape, seed=None, dtype="float32", requires_grad=False):
-    """Standard-normal samples; ``seed=`` makes them reproducible."""
-    rng = np.random.default_rng(seed)
+    """Standard-normal samples; ``seed=`` (or ``eo.manual_seed``) makes them reproducible."""
+    rng = generator_for(seed)
     return Tensor(rng.standard_normal(_shape(shape)).astype(dtype), requires_grad=requires_grad)
 
 

@@ -23,3 +23,6 @@ __all__ += [
     "Embedding", "PositionalEncoding", "RNN", "LSTM", "GRU", "MultiHeadAttention", "causal_mask",
     "TransformerEncoderLayer", "TransformerDecoderLayer", "TransformerEncoder", "TransformerDecoder",
 ]
+from everyo.nn.container import ModuleList, ModuleDict
+
+__all__ += ["ModuleList", "ModuleDict"]

@@ -23,6 +23,7 @@ import numpy as np
 from everyo import functional as F
 from everyo.errors import EveryOShapeError
 from everyo.nn.module import Module, as_input
+from everyo.random import generator_for
 from everyo.recurrent_ops import gru_scan, lstm_scan, rnn_scan
 from everyo.tensor import Parameter, Tensor
 
@@ -46,8 +47,10 @@ class _RecurrentBase(Module):
         self.num_layers, self.bias = int(num_layers), bool(bias)
         self.bidirectional, self.dropout = bool(bidirectional), float(dropout)
         self.num_directions = 2 if bidirectional else 1
-        rng = np.random.default_rng(seed)
-        self._dropout_rng = np.random.default_rng(rng.integers(2**63))
+        rng = generator_for(seed)
+        dropout_stream = np.random.default_rng(rng.integers(2**63))
+        if self.dropout and self.num_layers > 1:  # saved in state_dict only where it is drawn from
+            self.register_generator("dropout_generator", dropout_stream)
         bound = 1.0 / math.sqrt(self.hidden_size)
         width = self._gates * self.hidden_size
 
@@ -104,7 +107,7 @@ class _RecurrentBase(Module):
                     store.append(value)
             layer_input = outputs[0] if len(outputs) == 1 else F.concatenate(outputs, axis=-1)
             if self.dropout and self.training and layer < self.num_layers - 1:
-                layer_input = F.dropout(layer_input, self.dropout, True, self._dropout_rng)
+                layer_input = F.dropout(layer_input, self.dropout, True, self.dropout_generator)
         return layer_input, [F.stack(f, axis=0) for f in finals]
 
     def extra_repr(self):
