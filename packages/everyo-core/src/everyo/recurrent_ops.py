@@ -15,6 +15,15 @@ pass it in as ``xp`` of shape (batch, time, gates * hidden).
 
 Sigmoid is computed as ``0.5 * (1 + tanh(x / 2))``: the same function, but it
 never overflows in ``exp`` for large negative inputs.
+
+Padded batches (``lengths``): at step ``t`` the rows with ``lengths <= t`` are
+*ended*: their state is carried over unchanged and their output is zero. The
+same rule serves both directions: going forward, an ended row keeps its last
+real state; going backward (``reverse``), a row's padding comes first and its
+state stays the initial one until its own last step, where it starts. In the
+backward pass an ended row's step contributes nothing (its pre-activation
+gradients are zeroed) and its state gradients pass through unchanged. Steps
+where every row is live pay nothing for this.
 """
 import numpy as np
 
@@ -50,11 +59,34 @@ def _dtype(*arrays):
     return np.result_type(*arrays)
 
 
-def rnn_scan(xp, h0, w_hh, nonlinearity="tanh", reverse=False):
+def _ended_rows(lengths, batch, steps):
+    """Per time step, the indices of the rows whose sequence has ended (None where
+    every row is live); None without ``lengths``."""
+    if lengths is None:
+        return None
+    lengths = np.asarray(lengths)
+    if lengths.shape != (batch,) or lengths.dtype.kind not in "iu":
+        raise ValueError(f"lengths must be an integer array of shape ({batch},), got {lengths.dtype} {lengths.shape}")
+    if lengths.min() >= steps:
+        return None  # nothing is padded
+    return [None if lengths.min() > t else np.flatnonzero(lengths <= t) for t in range(steps)]
+
+
+def _outputs(hs, lengths, ended):
+    """The (B, T, H) outputs: the states, zero past each row's length."""
+    if ended is None:
+        return _batch_first(hs)
+    out = np.array(hs.transpose(1, 0, 2), order="C")  # always a copy: hs is still needed
+    out[np.arange(hs.shape[0])[None, :] >= np.asarray(lengths)[:, None]] = 0
+    return out
+
+
+def rnn_scan(xp, h0, w_hh, nonlinearity="tanh", reverse=False, lengths=None):
     """Elman RNN over time: ``h_t = act(xp_t + h_{t-1} @ W_hh)``.
 
     Returns ``[outputs (B, T, H), h_last (B, H)]`` (``h_last`` is the state after
-    the last step processed: ``t = 0`` when ``reverse``).
+    the last step processed: ``t = 0`` when ``reverse``). ``lengths`` (B,) marks
+    padding (see the module docstring).
     """
     x, w = xp.data, w_hh.data
     dt = _dtype(x, h0.data, w)
@@ -62,6 +94,7 @@ def rnn_scan(xp, h0, w_hh, nonlinearity="tanh", reverse=False):
     hs = np.empty((steps, batch, hidden), dtype=dt)
     h = h0.data.astype(dt, copy=False)
     relu = nonlinearity == "relu"
+    ended = _ended_rows(lengths, batch, steps)
     for t in _order(steps, reverse):
         a = np.matmul(h, w, out=hs[t])
         a += x[:, t]
@@ -69,6 +102,8 @@ def rnn_scan(xp, h0, w_hh, nonlinearity="tanh", reverse=False):
             np.maximum(a, 0, out=a)
         else:
             np.tanh(a, out=a)
+        if ended is not None and ended[t] is not None:
+            a[ended[t]] = h[ended[t]]
         h = a
 
     def backward(grads):
@@ -76,6 +111,9 @@ def rnn_scan(xp, h0, w_hh, nonlinearity="tanh", reverse=False):
         d_pre = np.empty_like(hs)
         dh = np.zeros((batch, hidden), dtype=dt) if g_last is None else np.array(g_last, dtype=dt)
         for t in _order(steps, not reverse):
+            rows = None if ended is None else ended[t]
+            if rows is not None:
+                dh_kept = dh[rows]
             if g_seq is not None:
                 dh += g_seq[:, t]
             d = d_pre[t]
@@ -83,15 +121,19 @@ def rnn_scan(xp, h0, w_hh, nonlinearity="tanh", reverse=False):
                 np.multiply(dh, hs[t] > 0, out=d)
             else:
                 np.multiply(dh, 1 - hs[t] * hs[t], out=d)
+            if rows is not None:
+                d[rows] = 0
             dh = d @ w.T
+            if rows is not None:
+                dh[rows] = dh_kept
         prev = _previous(hs, h0.data.astype(dt, copy=False), reverse)
         dw = prev.reshape(-1, hidden).T @ d_pre.reshape(-1, hidden)
         return d_pre.transpose(1, 0, 2), dh, dw
 
-    return multi_output([_batch_first(hs), h.copy()], (xp, h0, w_hh), backward)
+    return multi_output([_outputs(hs, lengths, ended), h.copy()], (xp, h0, w_hh), backward)
 
 
-def lstm_scan(xp, h0, c0, w_hh, reverse=False):
+def lstm_scan(xp, h0, c0, w_hh, reverse=False, lengths=None):
     """LSTM over time, gates in the order input, forget, cell, output (i, f, g, o):
 
         i, f, g, o = split(xp_t + h_{t-1} @ W_hh, 4)
@@ -99,7 +141,7 @@ def lstm_scan(xp, h0, c0, w_hh, reverse=False):
         c_t = f * c_{t-1} + i * g;   h_t = o * tanh(c_t)
 
     ``xp`` is (B, T, 4H), ``W_hh`` (H, 4H). Returns ``[outputs (B, T, H),
-    h_last (B, H), c_last (B, H)]``.
+    h_last (B, H), c_last (B, H)]``. ``lengths`` (B,) marks padding.
     """
     x, w = xp.data, w_hh.data
     dt = _dtype(x, h0.data, c0.data, w)
@@ -111,7 +153,11 @@ def lstm_scan(xp, h0, c0, w_hh, reverse=False):
     hs = np.empty_like(cs)
     h, c = h0.data.astype(dt, copy=False), c0.data.astype(dt, copy=False)
     H = hidden
+    ended = _ended_rows(lengths, batch, steps)
     for t in _order(steps, reverse):
+        rows = None if ended is None else ended[t]
+        if rows is not None:
+            h_kept, c_kept = h[rows], c[rows]
         a = np.matmul(h, w, out=acts[t])
         a += x[:, t]
         _sigmoid_(a[:, :2 * H])
@@ -121,6 +167,8 @@ def lstm_scan(xp, h0, c0, w_hh, reverse=False):
         c += a[:, :H] * a[:, 2 * H:3 * H]
         tc = np.tanh(c, out=tanh_cs[t])
         h = np.multiply(a[:, 3 * H:], tc, out=hs[t])
+        if rows is not None:
+            h[rows], c[rows] = h_kept, c_kept
 
     def backward(grads):
         g_seq, g_h, g_c = grads
@@ -129,6 +177,9 @@ def lstm_scan(xp, h0, c0, w_hh, reverse=False):
         dc = np.zeros((batch, H), dtype=dt) if g_c is None else np.array(g_c, dtype=dt)
         c_prev_all = _previous(cs, c0.data.astype(dt, copy=False), reverse)
         for t in _order(steps, not reverse):
+            rows = None if ended is None else ended[t]
+            if rows is not None:
+                dh_kept, dc_kept = dh[rows], dc[rows]
             if g_seq is not None:
                 dh += g_seq[:, t]
             a, tc, d = acts[t], tanh_cs[t], d_acts[t]
@@ -139,15 +190,20 @@ def lstm_scan(xp, h0, c0, w_hh, reverse=False):
             np.multiply(dc * c_prev_all[t], f * (1 - f), out=d[:, H:2 * H])
             np.multiply(dc * i, 1 - g * g, out=d[:, 2 * H:3 * H])
             dc *= f
+            if rows is not None:
+                d[rows] = 0
+                dc[rows] = dc_kept
             dh = d @ w.T
+            if rows is not None:
+                dh[rows] = dh_kept
         prev = _previous(hs, h0.data.astype(dt, copy=False), reverse)
         dw = prev.reshape(-1, H).T @ d_acts.reshape(-1, four_h)
         return d_acts.transpose(1, 0, 2), dh, dc, dw
 
-    return multi_output([_batch_first(hs), h.copy(), c.copy()], (xp, h0, c0, w_hh), backward)
+    return multi_output([_outputs(hs, lengths, ended), h.copy(), c.copy()], (xp, h0, c0, w_hh), backward)
 
 
-def gru_scan(xp, h0, w_hh, b_hh, reverse=False):
+def gru_scan(xp, h0, w_hh, b_hh, reverse=False, lengths=None):
     """GRU over time (PyTorch's convention: the reset gate multiplies the
     *projected* state, after ``W_hn`` and ``b_hn``), gates in the order
     reset, update, new (r, z, n):
@@ -159,7 +215,7 @@ def gru_scan(xp, h0, w_hh, b_hh, reverse=False):
         h_t = (1 - z) * n + z * h_{t-1}
 
     ``xp`` is (B, T, 3H), ``W_hh`` (H, 3H), ``b_hh`` (3H,). Returns
-    ``[outputs (B, T, H), h_last (B, H)]``.
+    ``[outputs (B, T, H), h_last (B, H)]``. ``lengths`` (B,) marks padding.
     """
     x, w, b = xp.data, w_hh.data, b_hh.data
     dt = _dtype(x, h0.data, w, b)
@@ -170,6 +226,7 @@ def gru_scan(xp, h0, w_hh, b_hh, reverse=False):
     hns = np.empty_like(ns)  # h_{t-1} @ W_hn + b_hn, which r multiplies
     hs = np.empty_like(ns)
     h = h0.data.astype(dt, copy=False)
+    ended = _ended_rows(lengths, batch, steps)
     for t in _order(steps, reverse):
         hp = h @ w
         hp += b
@@ -184,6 +241,8 @@ def gru_scan(xp, h0, w_hh, b_hh, reverse=False):
         new = np.subtract(h, n, out=hs[t])
         new *= gates[:, H:]
         new += n
+        if ended is not None and ended[t] is not None:
+            new[ended[t]] = h[ended[t]]
         h = new
 
     def backward(grads):
@@ -193,6 +252,9 @@ def gru_scan(xp, h0, w_hh, b_hh, reverse=False):
         dh = np.zeros((batch, H), dtype=dt) if g_last is None else np.array(g_last, dtype=dt)
         h_prev_all = _previous(hs, h0.data.astype(dt, copy=False), reverse)
         for t in _order(steps, not reverse):
+            rows = None if ended is None else ended[t]
+            if rows is not None:
+                dh_kept = dh[rows]
             if g_seq is not None:
                 dh += g_seq[:, t]
             r, z, n, h_prev = rz[t, :, :H], rz[t, :, H:], ns[t], h_prev_all[t]
@@ -202,10 +264,15 @@ def gru_scan(xp, h0, w_hh, b_hh, reverse=False):
             np.multiply(dh * (h_prev - n), z * (1 - z), out=dx[:, H:2 * H])
             dhp[:, :2 * H] = dx[:, :2 * H]
             np.multiply(dn_pre, r, out=dhp[:, 2 * H:])
+            if rows is not None:
+                dx[rows] = 0
+                dhp[rows] = 0
             dh = dh * z
             dh += dhp @ w.T
+            if rows is not None:
+                dh[rows] = dh_kept
         flat = d_hp.reshape(-1, three_h)
         dw = h_prev_all.reshape(-1, H).T @ flat
         return d_x.transpose(1, 0, 2), dh, dw, flat.sum(axis=0)
 
-    return multi_output([_batch_first(hs), h.copy()], (xp, h0, w_hh, b_hh), backward)
+    return multi_output([_outputs(hs, lengths, ended), h.copy()], (xp, h0, w_hh, b_hh), backward)
