@@ -215,10 +215,9 @@ def lstm_scan(xp, h0, c0, w_hh, reverse=False, lengths=None):
             np.subtract(1, deriv[:, 2], out=deriv[:, 2])
             np.multiply(dh, tc, out=d4[:, 3])
             d4[:, 3] *= deriv[:, 3]
-            np.multiply(deriv[:, :3], dc[:, None, :], out=d4[:, :3])
-            d4[:, 0] *= g
-            d4[:, 1] *= c_prev
-            d4[:, 2] *= i
+            for gate, factor in ((0, g), (1, c_prev), (2, i)):  # plain 2-D products: a broadcast costs ~4x
+                np.multiply(dc, factor, out=d4[:, gate])
+                d4[:, gate] *= deriv[:, gate]
             dc *= f
             if rows is not None:
                 d4[rows] = 0
