@@ -27,6 +27,7 @@ where every row is live pay nothing for this.
 """
 import numpy as np
 
+from everyo.dispatch import primitive
 from everyo.sequence_ops import multi_output
 
 __all__ = ["rnn_scan", "lstm_scan", "gru_scan"]
@@ -81,6 +82,7 @@ def _outputs(hs, lengths, ended):
     return out
 
 
+@primitive("rnn_scan", kind="fused", inputs=("xp", "h0", "w_hh"))
 def rnn_scan(xp, h0, w_hh, nonlinearity="tanh", reverse=False, lengths=None):
     """Elman RNN over time: ``h_t = act(xp_t + h_{t-1} @ W_hh)``.
 
@@ -134,6 +136,7 @@ def rnn_scan(xp, h0, w_hh, nonlinearity="tanh", reverse=False, lengths=None):
     return multi_output([_outputs(hs, lengths, ended), h.copy()], (xp, h0, w_hh), backward)
 
 
+@primitive("lstm_scan", kind="fused", inputs=("xp", "h0", "c0", "w_hh"))
 def lstm_scan(xp, h0, c0, w_hh, reverse=False, lengths=None):
     """LSTM over time, gates in the order input, forget, cell, output (i, f, g, o):
 
@@ -240,6 +243,7 @@ def lstm_scan(xp, h0, c0, w_hh, reverse=False, lengths=None):
     return multi_output([_outputs(hs, lengths, ended), h.copy(), c.copy()], (xp, h0, c0, w_hh), backward)
 
 
+@primitive("gru_scan", kind="fused", inputs=("xp", "h0", "w_hh", "b_hh"))
 def gru_scan(xp, h0, w_hh, b_hh, reverse=False, lengths=None):
     """GRU over time (PyTorch's convention: the reset gate multiplies the
     *projected* state, after ``W_hn`` and ``b_hn``), gates in the order
