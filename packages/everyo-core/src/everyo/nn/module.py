@@ -276,7 +276,23 @@ class Module:
         raise NotImplementedError(f"{type(self).__name__} must implement forward()")
 
     def __call__(self, *args, **kwargs):
-        for hook, with_kwargs in tuple(self._forward_pre_hooks):
+        if self._forward_pre_hooks:
+            args, kwargs = self._run_pre_hooks(args, kwargs)
+        dtype = self._parameter_dtype()
+        if dtype is not None:
+            args = tuple([cast_inputs(a, dtype) for a in args])
+            if kwargs:
+                kwargs = {k: cast_inputs(v, dtype) for k, v in kwargs.items()}
+        output = self.forward(*args, **kwargs)
+        if self._forward_hooks:
+            for hook, with_kwargs in tuple(self._forward_hooks):
+                result = hook(self, args, kwargs, output) if with_kwargs else hook(self, args, output)
+                if result is not None:
+                    output = result
+        return output
+
+    def _run_pre_hooks(self, args, kwargs):
+        for hook, with_kwargs in tuple(self._forward_pre_hooks):  # a hook may remove itself
             if with_kwargs:
                 result = hook(self, args, kwargs)
                 if result is not None:
@@ -286,17 +302,7 @@ class Module:
                 result = hook(self, args)
                 if result is not None:
                     args = result if isinstance(result, tuple) else (result,)
-        dtype = self._parameter_dtype()
-        if dtype is not None:
-            args = tuple(cast_inputs(a, dtype) for a in args)
-            if kwargs:
-                kwargs = {k: cast_inputs(v, dtype) for k, v in kwargs.items()}
-        output = self.forward(*args, **kwargs)
-        for hook, with_kwargs in tuple(self._forward_hooks):
-            result = hook(self, args, kwargs, output) if with_kwargs else hook(self, args, output)
-            if result is not None:
-                output = result
-        return output
+        return args, kwargs
 
     def _parameter_dtype(self):
         """The dtype of this module's own first floating parameter (None without one)."""
