@@ -46,6 +46,20 @@ def test_seed_keeps_its_0_1_numbers_whatever_the_global_state():
                                   np.random.default_rng(1).standard_normal((2, 3)).astype(np.float32))
 
 
+def test_seeded_streams_draw_0_1s_numbers():
+    eo.manual_seed(8)  # must not matter
+    mask = eo.Dropout(0.25, seed=3)(eo.ones(5, 4)).data
+    keep = np.random.default_rng(3).random((5, 4)) >= 0.25
+    np.testing.assert_array_equal(mask, keep.astype(np.float32) * np.float32(1 / 0.75))
+    gru = eo.GRU(3, 2, seed=4)
+    rng = np.random.default_rng(4)
+    rng.integers(2**63)  # 0.1 seeds the dropout stream first
+    np.testing.assert_array_equal(gru.weight_ih_l0.data,
+                                  rng.uniform(-1 / np.sqrt(2), 1 / np.sqrt(2), (3, 6)).astype(np.float32))
+    order = next(iter(eo.DataLoader(np.arange(9), batch_size=9, shuffle=True, seed=5))).data
+    np.testing.assert_array_equal(order, np.random.default_rng(5).permutation(9))
+
+
 def test_manual_seed_makes_dropout_and_shuffling_reproducible():
     def draw():
         drop = eo.Dropout(0.5)
