@@ -151,18 +151,19 @@ def lstm_scan(xp, h0, c0, w_hh, reverse=False, lengths=None):
     dt = _dtype(x, h0.data, c0.data, w)
     batch, steps, four_h = x.shape
     H = four_h // 4
-    acts = np.empty((steps, batch, 4, H), dtype=dt)  # activated gates, kept for backward
+    # Activated gates, kept for backward, gate-major within a step: every gate is one
+    # contiguous (B, H) block (NumPy runs ~5x slower on the row-strided slices of a (B, 4H) row).
+    acts = np.empty((steps, 4, batch, H), dtype=dt)
     cs = np.empty((steps, batch, H), dtype=dt)
     tanh_cs = np.empty_like(cs)
     hs = np.empty_like(cs)
     h, c = h0.data.astype(dt, copy=False), c0.data.astype(dt, copy=False)
     # One tanh over all four gates: sigmoid(z) = 0.5 + 0.5 * tanh(z / 2), and the
     # halving is folded into W_hh's and xp's i, f, o columns (exact: a power of 2).
-    scale = np.ones((4, H), dtype=dt)
-    scale[[0, 1, 3]] = 0.5
-    scale = scale.reshape(four_h)
-    w_scaled = w * scale
-    x_t = np.empty((batch, four_h), dtype=dt)
+    scale = np.array([0.5, 0.5, 1.0, 0.5], dtype=dt)[:, None, None]  # (gate, 1, 1)
+    w_scaled = w * scale.reshape(4, 1, 1).repeat(H, axis=1).reshape(four_h)
+    x4 = x.reshape(batch, steps, 4, H)
+    product = np.empty((batch, 4, H), dtype=dt)
     i_g = np.empty((batch, H), dtype=dt)
     ended = _ended_rows(lengths, batch, steps)
     for t in _order(steps, reverse):
@@ -170,16 +171,17 @@ def lstm_scan(xp, h0, c0, w_hh, reverse=False, lengths=None):
         if rows is not None:
             h_kept, c_kept = h[rows], c[rows]
         a4 = acts[t]
-        a = np.matmul(h, w_scaled, out=a4.reshape(batch, four_h))
-        a += np.multiply(x[:, t], scale, out=x_t)
-        np.tanh(a, out=a)
-        for sig in (a4[:, :2], a4[:, 3]):  # i and f, then o
+        np.matmul(h, w_scaled, out=product.reshape(batch, four_h))
+        np.multiply(x4[:, t].transpose(1, 0, 2), scale, out=a4)
+        a4 += product.transpose(1, 0, 2)
+        np.tanh(a4, out=a4)
+        for sig in (a4[:2], a4[3]):  # i and f, then o
             sig *= 0.5
             sig += 0.5
-        c = np.multiply(a4[:, 1], c, out=cs[t])
-        c += np.multiply(a4[:, 0], a4[:, 2], out=i_g)
+        c = np.multiply(a4[1], c, out=cs[t])
+        c += np.multiply(a4[0], a4[2], out=i_g)
         tc = np.tanh(c, out=tanh_cs[t])
-        h = np.multiply(a4[:, 3], tc, out=hs[t])
+        h = np.multiply(a4[3], tc, out=hs[t])
         if rows is not None:
             h[rows], c[rows] = h_kept, c_kept
 
@@ -193,7 +195,7 @@ def lstm_scan(xp, h0, c0, w_hh, reverse=False, lengths=None):
         w_t = np.ascontiguousarray(w.T)
         c_first = c0.data.astype(dt, copy=False)
         tmp = np.empty((batch, H), dtype=dt)
-        deriv = np.empty((batch, 4, H), dtype=dt)
+        deriv = np.empty((4, batch, H), dtype=dt)
         step_back = 1 if reverse else -1  # where the previous state lives
         for t in _order(steps, not reverse):
             rows = None if ended is None else ended[t]
@@ -202,7 +204,7 @@ def lstm_scan(xp, h0, c0, w_hh, reverse=False, lengths=None):
             if g_seq is not None:
                 dh += g_seq[:, t]
             a4, tc, d4 = acts[t], tanh_cs[t], d_acts[:, t]
-            i, f, g, o = a4[:, 0], a4[:, 1], a4[:, 2], a4[:, 3]
+            i, f, g, o = a4
             first = t == (steps - 1 if reverse else 0)
             c_prev = c_first if first else cs[t + step_back]
             # dc += dh * o * (1 - tanh(c)^2)
@@ -214,13 +216,13 @@ def lstm_scan(xp, h0, c0, w_hh, reverse=False, lengths=None):
             # the activations' derivatives: s (1 - s) for i, f, o and 1 - g^2 for g
             np.subtract(1, a4, out=deriv)
             deriv *= a4
-            np.multiply(g, g, out=deriv[:, 2])
-            np.subtract(1, deriv[:, 2], out=deriv[:, 2])
+            np.multiply(g, g, out=deriv[2])
+            np.subtract(1, deriv[2], out=deriv[2])
             np.multiply(dh, tc, out=d4[:, 3])
-            d4[:, 3] *= deriv[:, 3]
+            d4[:, 3] *= deriv[3]
             for gate, factor in ((0, g), (1, c_prev), (2, i)):  # plain 2-D products: a broadcast costs ~4x
                 np.multiply(dc, factor, out=d4[:, gate])
-                d4[:, gate] *= deriv[:, gate]
+                d4[:, gate] *= deriv[gate]
             dc *= f
             if rows is not None:
                 d4[rows] = 0
