@@ -196,6 +196,7 @@ def lstm_scan(xp, h0, c0, w_hh, reverse=False, lengths=None):
         c_first = c0.data.astype(dt, copy=False)
         tmp = np.empty((batch, H), dtype=dt)
         deriv = np.empty((4, batch, H), dtype=dt)
+        d_step = np.empty((4, batch, H), dtype=dt)  # this step's gate gradients, gate-major (contiguous)
         step_back = 1 if reverse else -1  # where the previous state lives
         for t in _order(steps, not reverse):
             rows = None if ended is None else ended[t]
@@ -218,15 +219,16 @@ def lstm_scan(xp, h0, c0, w_hh, reverse=False, lengths=None):
             deriv *= a4
             np.multiply(g, g, out=deriv[2])
             np.subtract(1, deriv[2], out=deriv[2])
-            np.multiply(dh, tc, out=d4[:, 3])
-            d4[:, 3] *= deriv[3]
+            np.multiply(dh, tc, out=d_step[3])
+            d_step[3] *= deriv[3]
             for gate, factor in ((0, g), (1, c_prev), (2, i)):  # plain 2-D products: a broadcast costs ~4x
-                np.multiply(dc, factor, out=d4[:, gate])
-                d4[:, gate] *= deriv[gate]
+                np.multiply(dc, factor, out=d_step[gate])
+                d_step[gate] *= deriv[gate]
             dc *= f
             if rows is not None:
-                d4[rows] = 0
+                d_step[:, rows] = 0
                 dc[rows] = dc_kept
+            np.copyto(d4, d_step.transpose(1, 0, 2))
             np.matmul(d4.reshape(batch, four_h), w_t, out=dh)
             if rows is not None:
                 dh[rows] = dh_kept
