@@ -102,6 +102,9 @@ def test_dropout_stream_is_in_the_state_dict_and_loads_back():
     np.testing.assert_array_equal(other(eo.ones(10)).data, expected)
     model = eo.Sequential(eo.Linear(3, 3, seed=0), eo.Dropout(0.2, seed=1))
     assert list(model.state_dict()) == ["0.weight", "0.bias", "1.generator"]
+    drop.generator = np.random.default_rng(5)  # replacing the stream keeps it registered
+    np.testing.assert_array_equal(drop.state_dict()["generator"],
+                                  eo.random.generator_state(np.random.default_rng(5)))
 
 
 def test_a_bad_stream_state_is_refused_and_changes_nothing_and_0_1_state_dicts_still_load():

@@ -51,6 +51,9 @@ class Module:
             registry[name] = None
             object.__setattr__(self, name, None)
             return
+        if name in self._generators and isinstance(value, np.random.Generator):
+            self.register_generator(name, value)  # a new stream in a registered slot stays saved
+            return
         for registry in (self._parameters, self._buffers, self._modules, self._generators):
             registry.pop(name, None)
         if isinstance(value, Parameter):
@@ -99,7 +102,8 @@ class Module:
         """Register a ``numpy.random.Generator`` (e.g. Dropout's mask stream) as
         ``name``: its state goes into ``state_dict`` as a uint64 array and
         ``load_state_dict`` restores it, so a resumed run draws the same numbers."""
-        self._check_new_name(name, "register_generator")
+        if name not in self._generators:
+            self._check_new_name(name, "register_generator")
         if not isinstance(generator, np.random.Generator):
             raise TypeError(f"{type(self).__name__}.register_generator({name!r}): expected a "
                             f"numpy.random.Generator, got {type(generator).__name__}")
