@@ -16,6 +16,14 @@ pass it in as ``xp`` of shape (batch, time, gates * hidden).
 Sigmoid is computed as ``0.5 * (1 + tanh(x / 2))``: the same function, but it
 never overflows in ``exp`` for large negative inputs.
 
+Where the LSTM's time goes (32 x 50 steps, 128 hidden, one thread): the 100
+per-step products with ``W_hh`` (OpenBLAS; PyTorch's MKL does them ~1.5x
+faster), then NumPy's per-call cost on the small elementwise steps. So the
+LSTM step allocates nothing, runs every elementwise pass on contiguous (B, H)
+gate blocks (row-strided slices of a (B, 4H) row cost NumPy ~5x more), uses
+one tanh for all four gates, and multiplies by a contiguous ``W_hh^T`` in
+backward (OpenBLAS is ~1.5x slower with a transposed operand at this size).
+
 Padded batches (``lengths``): at step ``t`` the rows with ``lengths <= t`` are
 *ended*: their state is carried over unchanged and their output is zero. The
 same rule serves both directions: going forward, an ended row keeps its last
