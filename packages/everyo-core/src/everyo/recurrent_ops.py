@@ -274,25 +274,28 @@ def gru_scan(xp, h0, w_hh, b_hh, reverse=False, lengths=None):
     dt = _dtype(x, h0.data, w, b)
     batch, steps, three_h = x.shape
     H = three_h // 3
-    rz = np.empty((steps, batch, 2 * H), dtype=dt)
+    rz = np.empty((steps, 2, batch, H), dtype=dt)  # r and z, gate-major: contiguous (B, H) blocks
     ns = np.empty((steps, batch, H), dtype=dt)
     hns = np.empty_like(ns)  # h_{t-1} @ W_hn + b_hn, which r multiplies
     hs = np.empty_like(ns)
     h = h0.data.astype(dt, copy=False)
+    x3 = x.reshape(batch, steps, 3, H)
+    bias = b.reshape(3, H)
+    product = np.empty((batch, 3, H), dtype=dt)
     ended = _ended_rows(lengths, batch, steps)
     for t in _order(steps, reverse):
-        hp = h @ w
-        hp += b
-        xt = x[:, t]
-        gates = np.add(xt[:, :2 * H], hp[:, :2 * H], out=rz[t])
+        np.matmul(h, w, out=product.reshape(batch, three_h))
+        product += bias
+        hp, xt = product.transpose(1, 0, 2), x3[:, t].transpose(1, 0, 2)  # (gate, B, H) views
+        gates = np.add(xt[:2], hp[:2], out=rz[t])
         _sigmoid_(gates)
-        hns[t] = hp[:, 2 * H:]
-        n = np.multiply(gates[:, :H], hns[t], out=ns[t])
-        n += xt[:, 2 * H:]
+        np.copyto(hns[t], hp[2])
+        n = np.multiply(gates[0], hns[t], out=ns[t])
+        n += xt[2]
         np.tanh(n, out=n)
         # h = n + z * (h - n) is (1 - z) * n + z * h with one fewer pass
         new = np.subtract(h, n, out=hs[t])
-        new *= gates[:, H:]
+        new *= gates[1]
         new += n
         if ended is not None and ended[t] is not None:
             new[ended[t]] = h[ended[t]]
@@ -300,33 +303,62 @@ def gru_scan(xp, h0, w_hh, b_hh, reverse=False, lengths=None):
 
     def backward(grads):
         g_seq, g_last = grads
-        d_x = np.empty((steps, batch, three_h), dtype=dt)
+        # Batch-major, so the input projection's backward reshapes them without a copy.
+        d_x = np.empty((batch, steps, 3, H), dtype=dt)
         d_hp = np.empty_like(d_x)
         dh = np.zeros((batch, H), dtype=dt) if g_last is None else np.array(g_last, dtype=dt)
-        h_prev_all = _previous(hs, h0.data.astype(dt, copy=False), reverse)
+        h_first = h0.data.astype(dt, copy=False)
         w_t = np.ascontiguousarray(w.T)  # OpenBLAS is slower with a transposed operand
+        d_step = np.empty((3, batch, H), dtype=dt)  # this step's gate gradients, gate-major
+        tmp = np.empty((batch, H), dtype=dt)
+        carried = np.empty((batch, H), dtype=dt)
+        step_back = 1 if reverse else -1  # where the previous state lives
         for t in _order(steps, not reverse):
             rows = None if ended is None else ended[t]
             if rows is not None:
                 dh_kept = dh[rows]
             if g_seq is not None:
                 dh += g_seq[:, t]
-            r, z, n, h_prev = rz[t, :, :H], rz[t, :, H:], ns[t], h_prev_all[t]
-            dx, dhp = d_x[t], d_hp[t]
-            dn_pre = np.multiply(dh * (1 - z), 1 - n * n, out=dx[:, 2 * H:])
-            np.multiply(dn_pre * hns[t], r * (1 - r), out=dx[:, :H])
-            np.multiply(dh * (h_prev - n), z * (1 - z), out=dx[:, H:2 * H])
-            dhp[:, :2 * H] = dx[:, :2 * H]
-            np.multiply(dn_pre, r, out=dhp[:, 2 * H:])
+            r, z, n = rz[t, 0], rz[t, 1], ns[t]
+            h_prev = h_first if t == (steps - 1 if reverse else 0) else hs[t + step_back]
+            d_r, d_z, d_n = d_step
+            # d_n = dh * (1 - z) * (1 - n^2)
+            np.subtract(1, z, out=tmp)
+            tmp *= dh
+            np.multiply(n, n, out=d_n)
+            np.subtract(1, d_n, out=d_n)
+            d_n *= tmp
+            # d_r = d_n * hn * r (1 - r)
+            np.subtract(1, r, out=tmp)
+            tmp *= r
+            np.multiply(d_n, hns[t], out=d_r)
+            d_r *= tmp
+            # d_z = dh * (h_prev - n) * z (1 - z)
+            np.subtract(1, z, out=tmp)
+            tmp *= z
+            np.subtract(h_prev, n, out=d_z)
+            d_z *= dh
+            d_z *= tmp
             if rows is not None:
-                dx[rows] = 0
-                dhp[rows] = 0
-            dh = dh * z
-            dh += dhp @ w_t
+                d_step[:, rows] = 0
+            dx, dhp = d_x[:, t], d_hp[:, t]
+            np.copyto(dx, d_step.transpose(1, 0, 2))
+            np.copyto(dhp[:, :2], d_step[:2].transpose(1, 0, 2))
+            np.multiply(d_n, r, out=dhp[:, 2])
+            np.matmul(dhp.reshape(batch, three_h), w_t, out=carried)
+            dh *= z
+            dh += carried
             if rows is not None:
                 dh[rows] = dh_kept
+        prev = np.empty((batch, steps, H), dtype=dt)  # the state before each step, batch-major
+        if reverse:
+            prev[:, -1] = h_first
+            prev[:, :-1] = hs[1:].transpose(1, 0, 2)
+        else:
+            prev[:, 0] = h_first
+            prev[:, 1:] = hs[:-1].transpose(1, 0, 2)
         flat = d_hp.reshape(-1, three_h)
-        dw = h_prev_all.reshape(-1, H).T @ flat
-        return d_x.transpose(1, 0, 2), dh, dw, flat.sum(axis=0)
+        dw = prev.reshape(-1, H).T @ flat
+        return d_x.reshape(batch, steps, three_h), dh, dw, flat.sum(axis=0)
 
     return multi_output([_outputs(hs, lengths, ended), h.copy()], (xp, h0, w_hh, b_hh), backward)
