@@ -276,7 +276,7 @@ def test_lstm_trace():
     rec = trace_and_replay(model, x, other)
     assert rec.names.count("lstm_scan") == 4 and rec.names.count("concatenate") == 2
     scan = rec.records[rec.names.index("lstm_scan")]
-    assert len(scan[1]) == 4 and len(scan[2]) == 3 and scan[3] == {"reverse": False}
+    assert len(scan[1]) == 4 and len(scan[2]) == 3 and scan[3] == {"reverse": False, "lengths": None}
 
 
 class AttentionBlock(eo.Module):

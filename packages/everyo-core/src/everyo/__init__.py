@@ -41,7 +41,8 @@ from everyo.losses import mse_loss, cross_entropy, binary_cross_entropy_with_log
 from everyo.padding import resolve_padding2d  # noqa: E402
 from everyo.nn import *  # noqa: E402,F401,F403
 from everyo.optim import SGD, Adam, AdamW, RMSprop, clip_grad_norm  # noqa: E402
-from everyo.data import DataLoader  # noqa: E402
+from everyo.data import DataLoader, Dataset, TensorDataset, pad_sequences  # noqa: E402
+from everyo.random import manual_seed, get_rng_state, set_rng_state  # noqa: E402
 from everyo.io import save, load  # noqa: E402
 from everyo.io import load_torch_state_dict  # noqa: E402
 from everyo._allocator import tune_allocator  # noqa: E402

@@ -12,6 +12,7 @@ from everyo.dispatch import FLOAT32, LOW_PRECISION, primitive
 from everyo.errors import EveryOShapeError
 from everyo.casting import convert as _convert
 from everyo.half import Rounded, _float_to_half, _half_to_float, _rounded, _up, takes_rounded
+from everyo.random import default_generator
 from everyo.tensor import Tensor
 
 __all__ = [
@@ -611,7 +612,7 @@ def dropout(a, p=0.5, training=True, rng=None):
         return a
     if not 0 <= p < 1:
         raise ValueError(f"dropout probability must be in [0, 1), got {p}")
-    rng = rng if rng is not None else np.random.default_rng()
+    rng = rng if rng is not None else default_generator()  # eo.manual_seed makes it reproducible
     mask = (rng.random(a.data.shape) >= p).astype(a.data.dtype) * np.asarray(1.0 / (1.0 - p), a.data.dtype)
     return Tensor._from_op(a.data * mask, (a,), lambda g: (g * mask,))
 

@@ -10,6 +10,7 @@ import numpy as np
 
 from everyo import autograd, dispatch
 from everyo.errors import EveryOInPlaceError
+from everyo.random import generator_for
 
 _FLOAT_DEFAULT = np.float32
 
@@ -284,8 +285,8 @@ def zeros(*shape, dtype="float32", requires_grad=False):
 
 
 def randn(*shape, seed=None, dtype="float32", requires_grad=False):
-    """Standard-normal samples; ``seed=`` makes them reproducible."""
-    rng = np.random.default_rng(seed)
+    """Standard-normal samples; ``seed=`` (or ``eo.manual_seed``) makes them reproducible."""
+    rng = generator_for(seed)
     return Tensor(rng.standard_normal(_shape(shape)).astype(dtype), requires_grad=requires_grad)
 
 

@@ -33,3 +33,7 @@ __all__ += [
     "GELU", "SiLU", "LeakyReLU", "ELU", "Softplus", "Identity", "Conv1D", "Conv2DTranspose",
     "GlobalAveragePooling2D", "GlobalMaxPooling2D", "UpSampling2D", "GroupNorm",
 ]
+
+from everyo.nn.container import ModuleList, ModuleDict
+
+__all__ += ["ModuleList", "ModuleDict"]

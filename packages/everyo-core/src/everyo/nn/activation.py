@@ -79,17 +79,20 @@ class Flatten(Module):
 
 
 class Dropout(Module):
-    """Inverted dropout: active in train mode, identity in eval mode."""
+    """Inverted dropout: active in train mode, identity in eval mode.
+
+    The mask stream ``generator`` (seeded by ``seed=``, else from the global
+    state, see ``eo.manual_seed``) is saved in ``state_dict``."""
 
     def __init__(self, p=0.5, *, seed=None):
         super().__init__()
-        import numpy as np
+        from everyo.random import generator_for
 
         self.p = args.probability("Dropout", "p", p)
-        self._rng = np.random.default_rng(seed)
+        self.register_generator("generator", generator_for(seed))
 
     def forward(self, x):
-        return F.dropout(as_input(self, x), self.p, self.training, self._rng)
+        return F.dropout(as_input(self, x), self.p, self.training, self.generator)
 
     def extra_repr(self):
         return f"p={self.p}"

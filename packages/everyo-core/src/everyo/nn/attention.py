@@ -7,6 +7,7 @@ from everyo import functional as F
 from everyo.errors import EveryODTypeError, EveryOShapeError
 from everyo.nn.linear import Linear
 from everyo.nn.module import Module, as_input
+from everyo.random import generator_for
 from everyo.sequence_ops import split
 from everyo.tensor import Parameter, Tensor
 
@@ -77,7 +78,7 @@ class MultiHeadAttention(Module):
         self.embed_dim, self.num_heads = int(embed_dim), int(num_heads)
         self.head_dim = self.embed_dim // self.num_heads
         self.dropout = float(dropout)
-        rng = np.random.default_rng(seed)
+        rng = generator_for(seed)
         # Xavier-uniform over the (E, 3E) block and zero biases, as PyTorch does.
         bound = math.sqrt(6.0 / (embed_dim + 3 * embed_dim))
         self.in_proj_weight = Parameter(rng.uniform(-bound, bound, (embed_dim, 3 * embed_dim)).astype(dtype))
@@ -85,7 +86,9 @@ class MultiHeadAttention(Module):
         self.out_proj = Linear(embed_dim, embed_dim, bias=bias, seed=int(rng.integers(2**31)), dtype=dtype)
         if bias:
             self.out_proj.bias.data[...] = 0
-        self._rng = np.random.default_rng(rng.integers(2**63))
+        dropout_stream = np.random.default_rng(rng.integers(2**63))
+        if self.dropout:  # saved in state_dict only where it is drawn from
+            self.register_generator("generator", dropout_stream)
 
     # --- projections --------------------------------------------------------
     def _project(self, query, key, value):
@@ -163,7 +166,7 @@ class MultiHeadAttention(Module):
             causal = causal_mask(lq, lk)
             blocked = causal if blocked is None else blocked | causal
         weights = F.softmax(scores, axis=-1, blocked=blocked)
-        attended = F.dropout(weights, self.dropout, self.training, self._rng) if self.dropout else weights
+        attended = F.dropout(weights, self.dropout, self.training, self.generator) if self.dropout else weights
         context = F.matmul(attended, v)  # (batch, heads, lq, head_dim)
         merged = F.reshape(F.transpose(context, (0, 2, 1, 3)), (batch, lq, self.embed_dim))
         out = self.out_proj(merged)

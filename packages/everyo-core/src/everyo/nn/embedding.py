@@ -6,6 +6,7 @@ import numpy as np
 from everyo import functional as F
 from everyo.errors import EveryOShapeError
 from everyo.nn.module import Module, as_input
+from everyo.random import generator_for
 from everyo.sequence_ops import embedding
 from everyo.tensor import Parameter, Tensor
 
@@ -41,7 +42,7 @@ class Embedding(Module):
                 raise ValueError(f"Embedding padding_idx {padding_idx} is outside the table of {num_embeddings} rows")
             padding_idx = int(padding_idx) % self.num_embeddings
         self.padding_idx = padding_idx
-        weight = np.random.default_rng(seed).standard_normal((self.num_embeddings, self.dim)).astype(dtype)
+        weight = generator_for(seed).standard_normal((self.num_embeddings, self.dim)).astype(dtype)
         if padding_idx is not None:
             weight[padding_idx] = 0
         self.weight = Parameter(weight)
@@ -93,7 +94,9 @@ class PositionalEncoding(Module):
         self.dim, self.max_len, self.dropout = int(dim), int(max_len), float(dropout)
         self.table = sinusoidal_table(self.max_len, self.dim)  # float64; cast per input dtype
         self._cast = {}
-        self._rng = np.random.default_rng(seed)
+        stream = generator_for(seed)
+        if self.dropout:  # saved in state_dict only where it is drawn from
+            self.register_generator("generator", stream)
 
     def forward(self, x):
         x = as_input(self, x, ndim=3, last_dim=self.dim)
@@ -107,7 +110,7 @@ class PositionalEncoding(Module):
         if dtype not in self._cast:
             self._cast[dtype] = self.table.astype(dtype)
         y = x + Tensor(self._cast[dtype][:length])
-        return F.dropout(y, self.dropout, self.training, self._rng) if self.dropout else y
+        return F.dropout(y, self.dropout, self.training, self.generator) if self.dropout else y
 
     def extra_repr(self):
         return f"{self.dim}, max_len={self.max_len}, dropout={self.dropout}"

@@ -1,12 +1,13 @@
 """Seeded parameter initialisation (PyTorch's defaults for each layer)."""
 import math
 
-import numpy as np
+from everyo.random import generator_for
 
 
 def rng_for(seed):
-    """A generator for one layer: ``seed=`` makes the initialisation reproducible."""
-    return np.random.default_rng(seed)
+    """A generator for one layer: ``seed=`` makes the initialisation reproducible;
+    without it the generator comes from the global state (``eo.manual_seed``)."""
+    return generator_for(seed)
 
 
 def uniform_fan_in(rng, shape, fan_in, dtype="float32"):

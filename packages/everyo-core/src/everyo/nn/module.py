@@ -1,36 +1,115 @@
-"""Module: the stateful container (parameters, buffers, train/eval, state dicts).
+"""Module: the stateful container (parameters, buffers, random state, hooks,
+train/eval, state dicts).
 
 Parameters and submodules are registered by assignment, as in PyTorch;
-``forward`` calls functional code that holds the math.
+``forward`` calls functional code that holds the math. Calling a module runs
+its forward pre-hooks, casts floating inputs wider than its parameters down
+to their dtype (Keras's rule, see :func:`cast_inputs`), runs ``forward``,
+then its forward hooks.
 """
 from collections import OrderedDict
 
 import numpy as np
 
+from everyo import random as _random
+from everyo.autograd import RemovableHandle
 from everyo.errors import EveryODTypeError, EveryOShapeError, EveryOStateDictError
 from everyo.tensor import Parameter, Tensor
 
 
 class Module:
-    """Base class of every layer and model."""
+    """Base class of every layer and model.
+
+    Example:
+        >>> class Net(eo.Module):
+        ...     def __init__(self):
+        ...         super().__init__()
+        ...         self.hidden = eo.Linear(8, 16, seed=0)   # registered by assignment
+        ...         self.out = eo.Linear(16, 1, seed=1)
+        ...     def forward(self, x):
+        ...         return self.out(self.hidden(x).relu())
+        >>> [name for name, _ in Net().named_parameters()]
+        ['hidden.weight', 'hidden.bias', 'out.weight', 'out.bias']
+    """
 
     def __init__(self):
         object.__setattr__(self, "_parameters", OrderedDict())
         object.__setattr__(self, "_buffers", OrderedDict())
         object.__setattr__(self, "_modules", OrderedDict())
+        object.__setattr__(self, "_generators", OrderedDict())
+        object.__setattr__(self, "_forward_pre_hooks", [])
+        object.__setattr__(self, "_forward_hooks", [])
         object.__setattr__(self, "training", True)
 
     # --- registration -------------------------------------------------------
     def __setattr__(self, name, value):
         if "_parameters" not in self.__dict__:
             raise RuntimeError(f"{type(self).__name__}.__init__ must call super().__init__() before assigning attributes")
-        for registry in (self._parameters, self._buffers, self._modules):
+        if value is None and (name in self._parameters or name in self._modules):
+            # PyTorch: a registered slot set to None stays registered (and is skipped).
+            registry = self._parameters if name in self._parameters else self._modules
+            registry[name] = None
+            object.__setattr__(self, name, None)
+            return
+        if name in self._generators and isinstance(value, np.random.Generator):
+            self.register_generator(name, value)  # a new stream in a registered slot stays saved
+            return
+        for registry in (self._parameters, self._buffers, self._modules, self._generators):
             registry.pop(name, None)
         if isinstance(value, Parameter):
             self._parameters[name] = value
         elif isinstance(value, Module):
             self._modules[name] = value
+        elif isinstance(value, (list, tuple, dict)):
+            _refuse_plain_container(self, name, value)
         object.__setattr__(self, name, value)
+
+    def _check_new_name(self, name, what):
+        if not isinstance(name, str):
+            raise TypeError(f"{type(self).__name__}.{what}: the name must be a string, got {type(name).__name__}")
+        if not name or "." in name:
+            raise KeyError(f"{type(self).__name__}.{what}: the name must be non-empty and contain no '.', got {name!r}")
+        known = name in self._parameters or name in self._modules or name in self._buffers
+        if hasattr(self, name) and not known:
+            raise KeyError(f"{type(self).__name__}.{what}: attribute {name!r} already exists and is not a "
+                           f"parameter, buffer or submodule; pick another name")
+
+    def register_parameter(self, name, param):
+        """Register ``param`` (a :class:`Parameter`, or None for an absent one) as ``name``."""
+        self._check_new_name(name, "register_parameter")
+        if param is not None and not isinstance(param, Parameter):
+            raise TypeError(f"{type(self).__name__}.register_parameter({name!r}): expected an eo.Parameter "
+                            f"or None, got {type(param).__name__} (wrap arrays as eo.Parameter(array))")
+        for registry in (self._buffers, self._modules, self._generators):
+            registry.pop(name, None)
+        self._parameters[name] = param
+        object.__setattr__(self, name, param)
+
+    def register_module(self, name, module):
+        """Register ``module`` (a :class:`Module`, or None) as the submodule ``name``."""
+        self._check_new_name(name, "register_module")
+        if module is not None and not isinstance(module, Module):
+            raise TypeError(f"{type(self).__name__}.register_module({name!r}): expected a Module or None, "
+                            f"got {type(module).__name__}")
+        for registry in (self._parameters, self._buffers, self._generators):
+            registry.pop(name, None)
+        self._modules[name] = module
+        object.__setattr__(self, name, module)
+
+    add_module = register_module
+
+    def register_generator(self, name, generator):
+        """Register a ``numpy.random.Generator`` (e.g. Dropout's mask stream) as
+        ``name``: its state goes into ``state_dict`` as a uint64 array and
+        ``load_state_dict`` restores it, so a resumed run draws the same numbers."""
+        if name not in self._generators:
+            self._check_new_name(name, "register_generator")
+        if not isinstance(generator, np.random.Generator):
+            raise TypeError(f"{type(self).__name__}.register_generator({name!r}): expected a "
+                            f"numpy.random.Generator, got {type(generator).__name__}")
+        _random.generator_state(generator, f"{type(self).__name__}.register_generator({name!r})")
+        self._generators[name] = generator
+        object.__setattr__(self, name, generator)
 
     def register_buffer(self, name, value):
         """Register non-trainable state (e.g. running statistics) saved in state_dict."""
@@ -38,28 +117,63 @@ class Module:
         object.__setattr__(self, name, value)
         self._buffers[name] = value
 
+    # --- hooks --------------------------------------------------------------
+    def register_forward_pre_hook(self, hook, *, prepend=False, with_kwargs=False):
+        """Call ``hook(module, args)`` before every ``forward``; a return value other
+        than None replaces the positional arguments (a non-tuple is wrapped in one).
+        With ``with_kwargs=True`` it is ``hook(module, args, kwargs)`` and may return
+        ``(args, kwargs)``. Returns a handle whose ``remove()`` unregisters it."""
+        return _add_hook(self._forward_pre_hooks, (hook, bool(with_kwargs)), prepend)
+
+    def register_forward_hook(self, hook, *, prepend=False, with_kwargs=False):
+        """Call ``hook(module, args, output)`` after every ``forward`` (``args`` as
+        ``forward`` received them); a return value other than None replaces the
+        output. With ``with_kwargs=True`` it is ``hook(module, args, kwargs, output)``.
+        Returns a handle whose ``remove()`` unregisters it."""
+        return _add_hook(self._forward_hooks, (hook, bool(with_kwargs)), prepend)
+
     # --- traversal ----------------------------------------------------------
-    def named_modules(self, prefix=""):
-        yield prefix, self
+    def named_children(self):
+        """(name, module) for each direct submodule."""
         for name, child in self._modules.items():
-            yield from child.named_modules(f"{prefix}.{name}" if prefix else name)
+            if child is not None:
+                yield name, child
+
+    def children(self):
+        return [m for _, m in self.named_children()]
+
+    def named_modules(self, prefix="", memo=None):
+        """(dotted name, module) for this module and every submodule, each once."""
+        memo = set() if memo is None else memo
+        if id(self) in memo:
+            return
+        memo.add(id(self))
+        yield prefix, self
+        for name, child in self.named_children():
+            yield from child.named_modules(f"{prefix}.{name}" if prefix else name, memo)
 
     def modules(self):
         return [m for _, m in self.named_modules()]
 
-    def children(self):
-        return list(self._modules.values())
+    def apply(self, fn):
+        """Call ``fn(module)`` on every submodule (children first) and then on self;
+        returns self. Example: ``model.apply(init_weights)``."""
+        for child in self.children():
+            child.apply(fn)
+        fn(self)
+        return self
 
-    def named_parameters(self):
+    def named_parameters(self, prefix="", recurse=True):
         seen = set()
-        for prefix, module in self.named_modules():
+        modules = self.named_modules(prefix) if recurse else [(prefix, self)]
+        for module_prefix, module in modules:
             for name, p in module._parameters.items():
                 if p is not None and id(p) not in seen:
                     seen.add(id(p))
-                    yield (f"{prefix}.{name}" if prefix else name), p
+                    yield (f"{module_prefix}.{name}" if module_prefix else name), p
 
-    def parameters(self):
-        return [p for _, p in self.named_parameters()]
+    def parameters(self, recurse=True):
+        return [p for _, p in self.named_parameters(recurse=recurse)]
 
     def named_buffers(self):
         for prefix, module in self.named_modules():
@@ -70,6 +184,12 @@ class Module:
     def buffers(self):
         return [b for _, b in self.named_buffers()]
 
+    def named_generators(self):
+        """(dotted name, numpy Generator) for every registered random stream (e.g. Dropout's)."""
+        for prefix, module in self.named_modules():
+            for name, g in module._generators.items():
+                yield (f"{prefix}.{name}" if prefix else name), g
+
     # --- modes ------------------------------------------------------------
     def train(self, mode=True):
         for m in self.modules():
@@ -79,9 +199,16 @@ class Module:
     def eval(self):
         return self.train(False)
 
-    def zero_grad(self):
+    def zero_grad(self, set_to_none=True):
+        """Clear every parameter's gradient: drop it (``set_to_none=True``, the
+        default, as in PyTorch) or fill it with zeros in place."""
         for p in self.parameters():
-            p.grad = None
+            if set_to_none or p.grad is None:
+                p.grad = None
+            elif p.grad.flags.writeable:
+                p.grad[...] = 0
+            else:
+                p.grad = np.zeros_like(p.grad)
 
     def to(self, dtype):
         """Cast every floating parameter and buffer to ``dtype`` in place."""
@@ -94,21 +221,30 @@ class Module:
 
     # --- state --------------------------------------------------------------
     def state_dict(self):
-        """An ordered mapping of every parameter and buffer name to a copy of its array."""
+        """An ordered mapping of every parameter, buffer and random-stream name to a
+        copy of its array (a generator's state is a uint64 array, see
+        :func:`everyo.random.generator_state`), so a resumed run draws the same
+        Dropout masks."""
         state = OrderedDict()
         for name, p in self.named_parameters():
             state[name] = p.data.copy()
         for name, b in self.named_buffers():
             state[name] = b.data.copy()
+        for name, g in self.named_generators():
+            state[name] = _random.generator_state(g, f"{type(self).__name__}.state_dict: {name}")
         return state
 
     def load_state_dict(self, state_dict, strict=True):
-        """Copy arrays into parameters and buffers. Everything is validated first,
-        so a bad state dict leaves the model untouched."""
+        """Copy arrays into parameters and buffers, and restore random streams.
+        Everything is validated first, so a bad state dict leaves the model untouched.
+
+        A missing random-stream key is not an error even when ``strict``: state
+        dicts saved by 0.1 have none, and the stream then simply continues."""
         targets = OrderedDict(list(self.named_parameters()) + list(self.named_buffers()))
+        generators = OrderedDict(self.named_generators())
         given = {k: (v.data if isinstance(v, Tensor) else np.asarray(v)) for k, v in state_dict.items()}
         missing = [k for k in targets if k not in given]
-        unexpected = [k for k in given if k not in targets]
+        unexpected = [k for k in given if k not in targets and k not in generators]
         mismatched = [
             f"{k}: model has {targets[k].data.shape}, state dict has {given[k].shape}"
             for k in targets if k in given and given[k].shape != targets[k].data.shape
@@ -120,6 +256,12 @@ class Module:
             problems.append(f"unexpected keys {unexpected}")
         if mismatched:
             problems.append("shape mismatch for " + "; ".join(mismatched))
+        for k in generators:
+            if k in given:
+                try:
+                    _random.check_generator_state(given[k], k)
+                except EveryOStateDictError as exc:
+                    problems.append(str(exc))
         if problems:
             raise EveryOStateDictError(
                 f"cannot load state dict into {type(self).__name__}: " + "; ".join(problems)
@@ -128,6 +270,9 @@ class Module:
         for k, t in targets.items():
             if k in given:
                 t.data = np.array(given[k], dtype=t.data.dtype, copy=True)
+        for k, g in generators.items():
+            if k in given:
+                _random.set_generator_state(g, given[k], k)
         return self
 
     # --- calling ----------------------------------------------------------------
@@ -135,7 +280,40 @@ class Module:
         raise NotImplementedError(f"{type(self).__name__} must implement forward()")
 
     def __call__(self, *args, **kwargs):
-        return self.forward(*args, **kwargs)
+        if self._forward_pre_hooks:
+            args, kwargs = self._run_pre_hooks(args, kwargs)
+        dtype = self._parameter_dtype()
+        if dtype is not None:
+            args = tuple([cast_inputs(a, dtype) for a in args])
+            if kwargs:
+                kwargs = {k: cast_inputs(v, dtype) for k, v in kwargs.items()}
+        output = self.forward(*args, **kwargs)
+        if self._forward_hooks:
+            for hook, with_kwargs in tuple(self._forward_hooks):
+                result = hook(self, args, kwargs, output) if with_kwargs else hook(self, args, output)
+                if result is not None:
+                    output = result
+        return output
+
+    def _run_pre_hooks(self, args, kwargs):
+        for hook, with_kwargs in tuple(self._forward_pre_hooks):  # a hook may remove itself
+            if with_kwargs:
+                result = hook(self, args, kwargs)
+                if result is not None:
+                    args, kwargs = result
+                    args = args if isinstance(args, tuple) else (args,)
+            else:
+                result = hook(self, args)
+                if result is not None:
+                    args = result if isinstance(result, tuple) else (result,)
+        return args, kwargs
+
+    def _parameter_dtype(self):
+        """The dtype of this module's own first floating parameter (None without one)."""
+        for p in self._parameters.values():
+            if p is not None and p.data.dtype.kind == "f":
+                return p.data.dtype
+        return None
 
     def extra_repr(self):
         return ""
@@ -147,6 +325,45 @@ class Module:
         extra = self.extra_repr()
         head = f"{type(self).__name__}({extra}" + ("," if extra else "")
         return head + "\n" + "\n".join(lines) + "\n)"
+
+
+def cast_inputs(value, dtype, _nested=False):
+    """Keras's rule at the layer boundary: a floating Tensor or array *wider* than
+    the layer's parameters (``dtype``) is cast down to it, so float64 data never
+    turns a float32 model float64. Narrower floats pass unchanged: under
+    ``eo.autocast()`` float16 activations flow between layers as the precision
+    policy decided, and integers (ids, lengths) are never touched. Tuples and
+    lists (e.g. an LSTM's ``(h0, c0)``) are cast item by item, one level deep."""
+    if isinstance(value, (Tensor, np.ndarray)):
+        given = value.data.dtype if isinstance(value, Tensor) else value.dtype
+        if given.kind == "f" and given.itemsize > dtype.itemsize:
+            return value.astype(dtype)  # a Tensor's cast is differentiable
+        return value
+    if not _nested and type(value) in (tuple, list):
+        return type(value)(cast_inputs(v, dtype, _nested=True) for v in value)
+    return value
+
+
+def _add_hook(hooks, entry, prepend):
+    if not callable(entry[0]):
+        raise TypeError(f"a hook must be callable, got {type(entry[0]).__name__}")
+    if prepend:
+        hooks.insert(0, entry)
+    else:
+        hooks.append(entry)
+    return RemovableHandle(hooks, entry)
+
+
+def _refuse_plain_container(module, name, value):
+    """A plain list/tuple/dict holding Modules would register nothing (no
+    parameters, no state_dict entries): refuse it and name the container to use."""
+    items = value.values() if isinstance(value, dict) else value
+    if any(isinstance(v, Module) for v in items):
+        container = "eo.ModuleDict" if isinstance(value, dict) else "eo.ModuleList"
+        raise TypeError(
+            f"{type(module).__name__}.{name}: a plain {type(value).__name__} of Modules registers none of "
+            f"their parameters; wrap it: self.{name} = {container}(...)"
+        )
 
 
 def as_input(layer, x, ndim=None, last_dim=None, what="input"):

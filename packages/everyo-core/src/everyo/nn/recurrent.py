@@ -23,6 +23,7 @@ import numpy as np
 from everyo import functional as F
 from everyo.errors import EveryOShapeError
 from everyo.nn.module import Module, as_input
+from everyo.random import generator_for
 from everyo.recurrent_ops import gru_scan, lstm_scan, rnn_scan
 from everyo.tensor import Parameter, Tensor
 
@@ -46,8 +47,10 @@ class _RecurrentBase(Module):
         self.num_layers, self.bias = int(num_layers), bool(bias)
         self.bidirectional, self.dropout = bool(bidirectional), float(dropout)
         self.num_directions = 2 if bidirectional else 1
-        rng = np.random.default_rng(seed)
-        self._dropout_rng = np.random.default_rng(rng.integers(2**63))
+        rng = generator_for(seed)
+        dropout_stream = np.random.default_rng(rng.integers(2**63))
+        if self.dropout and self.num_layers > 1:  # saved in state_dict only where it is drawn from
+            self.register_generator("dropout_generator", dropout_stream)
         bound = 1.0 / math.sqrt(self.hidden_size)
         width = self._gates * self.hidden_size
 
@@ -83,13 +86,31 @@ class _RecurrentBase(Module):
             )
         return state
 
-    def _run(self, x, states):
+    def _lengths(self, lengths, batch, steps):
+        """Validate ``lengths=``: one integer per sequence, each in [0, time]."""
+        if lengths is None:
+            return None
+        arr = np.asarray(lengths.data if isinstance(lengths, Tensor) else lengths)
+        if arr.shape != (batch,) or arr.dtype.kind not in "iu":
+            raise EveryOShapeError(
+                f"{self!r} expected lengths of shape (batch,) = ({batch},) with integer dtype, got {arr.dtype} "
+                f"of shape {arr.shape}"
+            )
+        if batch and (arr.min() < 0 or arr.max() > steps):
+            raise ValueError(
+                f"{self!r} lengths must lie in [0, {steps}] (the input's time axis), got min {arr.min()}, "
+                f"max {arr.max()}"
+            )
+        return arr.astype(np.int64, copy=False)
+
+    def _run(self, x, states, lengths=None):
         """Run every layer and direction. ``states`` is a list of initial-state
         Tensors (h, or h and c); returns the top layer's output and, per state,
         the final values stacked as (num_layers * num_directions, batch, hidden)."""
         x = as_input(self, x, ndim=3, last_dim=self.input_size)
         if x.data.shape[1] == 0:
             raise EveryOShapeError(f"{self!r} received an empty sequence (shape {x.data.shape}); time must be >= 1")
+        lengths = self._lengths(lengths, *x.data.shape[:2])
         states = [self._state(s, x.data.shape[0], x.data.dtype, name) for s, name in states]
         finals = [[] for _ in states]
         layer_input = x
@@ -98,13 +119,13 @@ class _RecurrentBase(Module):
             for direction, suffix in enumerate(self._suffixes(layer)):
                 index = layer * self.num_directions + direction
                 initial = [s[index] for s in states]
-                out, *last = self._scan(layer_input, initial, self._weights(suffix), reverse=direction == 1)
+                out, *last = self._scan(layer_input, initial, self._weights(suffix), direction == 1, lengths)
                 outputs.append(out)
                 for store, value in zip(finals, last):
                     store.append(value)
             layer_input = outputs[0] if len(outputs) == 1 else F.concatenate(outputs, axis=-1)
             if self.dropout and self.training and layer < self.num_layers - 1:
-                layer_input = F.dropout(layer_input, self.dropout, True, self._dropout_rng)
+                layer_input = F.dropout(layer_input, self.dropout, True, self.dropout_generator)
         return layer_input, [F.stack(f, axis=0) for f in finals]
 
     def extra_repr(self):
@@ -156,11 +177,18 @@ class RNN(_RecurrentBase):
         every step; ``h_n`` has h0's shape and holds each layer and direction's
         final state (for the reverse direction: its state after reading step 0).
 
+    Padded batches: ``lengths=`` (batch,) integers, e.g. from ``eo.pad_sequences``.
+    Outputs past each sequence's length are zero, ``h_n`` holds each sequence's
+    state after its own last step, and a reverse direction starts at each
+    sequence's own end, so padding never reaches a state. The same holds for
+    LSTM and GRU.
+
     Example:
         >>> rnn = eo.RNN(8, 16, seed=0)
         >>> out, h_n = rnn(eo.randn(4, 10, 8, seed=1))
         >>> out.shape, h_n.shape
         ((4, 10, 16), (1, 4, 16))
+        >>> out, h_n = rnn(eo.randn(4, 10, 8, seed=1), lengths=[10, 3, 7, 1])
     """
 
     def __init__(self, input_size, hidden_size, num_layers=1, nonlinearity="tanh", bias=True,
@@ -170,12 +198,12 @@ class RNN(_RecurrentBase):
         super().__init__(input_size, hidden_size, num_layers, bias, bidirectional, dropout, seed=seed, dtype=dtype)
         self.nonlinearity = nonlinearity
 
-    def _scan(self, x, initial, weights, reverse):
+    def _scan(self, x, initial, weights, reverse, lengths):
         w_ih, w_hh, b_ih, b_hh = weights
-        return rnn_scan(_project(x, w_ih, b_ih, b_hh), initial[0], w_hh, self.nonlinearity, reverse)
+        return rnn_scan(_project(x, w_ih, b_ih, b_hh), initial[0], w_hh, self.nonlinearity, reverse, lengths)
 
-    def forward(self, x, h0=None):
-        out, (h_n,) = self._run(x, [(h0, "h0")])
+    def forward(self, x, h0=None, *, lengths=None):
+        out, (h_n,) = self._run(x, [(h0, "h0")], lengths)
         return out, h_n
 
 
@@ -196,7 +224,8 @@ class LSTM(_RecurrentBase):
 
     Shape:
         input (batch, time, input_size); optional ``state = (h0, c0)``, each
-        (num_layers * num_directions, batch, hidden_size), zeros when omitted.
+        (num_layers * num_directions, batch, hidden_size), zeros when omitted;
+        optional ``lengths=`` (batch,) as :class:`RNN`.
         Returns ``(output, (h_n, c_n))``: output (batch, time, num_directions *
         hidden_size), ``h_n`` and ``c_n`` the final states of every layer and direction.
 
@@ -209,13 +238,13 @@ class LSTM(_RecurrentBase):
 
     _gates = 4
 
-    def _scan(self, x, initial, weights, reverse):
+    def _scan(self, x, initial, weights, reverse, lengths):
         w_ih, w_hh, b_ih, b_hh = weights
-        return lstm_scan(_project(x, w_ih, b_ih, b_hh), initial[0], initial[1], w_hh, reverse)
+        return lstm_scan(_project(x, w_ih, b_ih, b_hh), initial[0], initial[1], w_hh, reverse, lengths)
 
-    def forward(self, x, state=None):
+    def forward(self, x, state=None, *, lengths=None):
         h0, c0 = (None, None) if state is None else state
-        out, (h_n, c_n) = self._run(x, [(h0, "h0"), (c0, "c0")])
+        out, (h_n, c_n) = self._run(x, [(h0, "h0"), (c0, "c0")], lengths)
         return out, (h_n, c_n)
 
 
@@ -248,13 +277,13 @@ class GRU(_RecurrentBase):
 
     _gates = 3
 
-    def _scan(self, x, initial, weights, reverse):
+    def _scan(self, x, initial, weights, reverse, lengths):
         w_ih, w_hh, b_ih, b_hh = weights
         xp = F.linear(x, w_ih, b_ih)
         if b_hh is None:
             b_hh = Tensor(np.zeros(w_hh.data.shape[1], dtype=w_hh.data.dtype))
-        return gru_scan(xp, initial[0], w_hh, b_hh, reverse)
+        return gru_scan(xp, initial[0], w_hh, b_hh, reverse, lengths)
 
-    def forward(self, x, h0=None):
-        out, (h_n,) = self._run(x, [(h0, "h0")])
+    def forward(self, x, h0=None, *, lengths=None):
+        out, (h_n,) = self._run(x, [(h0, "h0")], lengths)
         return out, h_n

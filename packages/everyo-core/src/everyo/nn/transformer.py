@@ -14,7 +14,6 @@ a LayerNorm. ``norm_first=False`` (post-norm, the original paper)::
 with ``ff(x) = linear2(dropout(activation(linear1(x))))``. The decoder layer
 adds cross-attention over ``memory`` between the two, with its own norm.
 """
-import numpy as np
 
 from everyo import functional as F
 from everyo.activations import gelu
@@ -24,6 +23,7 @@ from everyo.nn.attention import MultiHeadAttention
 from everyo.nn.linear import Linear
 from everyo.nn.module import Module, Sequential
 from everyo.nn.normalization import LayerNorm
+from everyo.random import generator_for
 
 __all__ = ["TransformerEncoderLayer", "TransformerDecoderLayer", "TransformerEncoder", "TransformerDecoder"]
 
@@ -46,7 +46,7 @@ class _Block(Module):
         args.positive_float(name, "layer_norm_eps", layer_norm_eps)
         self.d_model, self.num_heads, self.norm_first = int(d_model), int(num_heads), bool(norm_first)
         self.activation = _ACTIVATIONS[activation] if isinstance(activation, str) else activation
-        self._seeds = np.random.default_rng(seed)  # one stream, so every sub-layer differs
+        self._seeds = generator_for(seed)  # one stream, so every sub-layer differs
         self._hyper = dict(dropout=dropout, dtype=dtype)
         self.linear1 = Linear(d_model, dim_feedforward, seed=self._next_seed(), dtype=dtype)
         self.linear2 = Linear(dim_feedforward, d_model, seed=self._next_seed(), dtype=dtype)
@@ -165,7 +165,7 @@ class _Stack(Module):
     def __init__(self, num_layers, d_model, num_heads, dim_feedforward=2048, dropout=0.1, activation="relu",
                  layer_norm_eps=1e-5, norm_first=False, final_norm=None, *, seed=None, dtype="float32"):
         super().__init__()
-        rng = np.random.default_rng(seed)
+        rng = generator_for(seed)
         self.num_layers = args.positive_int(type(self).__name__, "num_layers", num_layers)
         self.layers = Sequential(*[
             self._layer(d_model, num_heads, dim_feedforward, dropout, activation, layer_norm_eps, norm_first,
