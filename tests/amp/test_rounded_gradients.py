@@ -16,7 +16,8 @@ from everyo.half import Rounded, _float_to_half
 def eager_float16(monkeypatch):
     """Switch the hand-over off: every float16 gradient is stored as float16."""
 
-    def store(x):
+    def store(x, dtype=np.float16):
+        assert dtype == np.float16
         return _float_to_half(np.ascontiguousarray(x))
 
     def use():

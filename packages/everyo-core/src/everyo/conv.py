@@ -10,7 +10,7 @@ from numpy.lib.stride_tricks import as_strided
 from everyo import dispatch
 from everyo.dispatch import LOW_PRECISION
 from everyo.functional import _mm, _t
-from everyo.half import Rounded, _exact_to_half, _float_to_half, _half_to_float, _rounded, _up, takes_rounded
+from everyo.half import Rounded, _down, _exact_down, _rounded, _up, is_low_precision, takes_rounded
 from everyo.padding import _pair, output_size, resolve_padding2d
 from everyo.tensor import Tensor
 
@@ -55,11 +55,11 @@ def _window_reduce(win, ufunc):
 
 def _scatter_windows(grad_win, padded_shape, kernel, stride, out_hw, dtype):
     """Adjoint of :func:`_windows`: add window gradients back into the padded input."""
-    if dtype == np.float16:
+    if is_low_precision(np.dtype(dtype)):
         # NumPy's float16 adds convert every element (~40x slower than
         # float32): accumulate in float32 and round once at the end.
-        grad_win = _half_to_float(grad_win)
-        return _float_to_half(_scatter_windows(grad_win, padded_shape, kernel, stride, out_hw, np.float32))
+        grad_win = _up(grad_win)
+        return _down(_scatter_windows(grad_win, padded_shape, kernel, stride, out_hw, np.float32), dtype)
     gxp = np.zeros(padded_shape, dtype=dtype)
     oh, ow = out_hw
     for i in range(kernel[0]):
@@ -95,7 +95,7 @@ def conv2d(x, weight, bias=None, stride=1, padding="valid"):
     xd, w = x.data, weight.data
     kh, kw, cin, cout = w.shape
     kernel, stride, pads, (oh, ow) = _geometry(xd, (kh, kw), stride, padding)
-    if xd.dtype == w.dtype == np.float16 and (bias is None or bias.data.dtype == np.float16):
+    if is_low_precision(xd.dtype) and w.dtype == xd.dtype and (bias is None or bias.data.dtype == xd.dtype):
         return _conv2d_half(x, weight, bias, kernel, stride, pads, (oh, ow))
     n = xd.shape[0]
     xp = _pad(xd, pads)
@@ -131,18 +131,19 @@ def _conv2d_half(x, weight, bias, kernel, stride, pads, out_hw):
     # it, instead of saving a column matrix kh*kw times the input's size; the
     # input gradient is accumulated in float32 and rounded once.
     xd, w = x.data, weight.data
+    dt = xd.dtype
     kh, kw, cin, cout = w.shape
     (oh, ow), n = out_hw, xd.shape[0]
     xp = _pad(xd, pads)
 
     def columns():
-        return _windows(_half_to_float(xp), kernel, stride, out_hw).reshape(n * oh * ow, cin * kh * kw)
+        return _windows(_up(xp), kernel, stride, out_hw).reshape(n * oh * ow, cin * kh * kw)
 
-    w_mat = _half_to_float(w).transpose(2, 0, 1, 3).reshape(cin * kh * kw, cout)
+    w_mat = _up(w).transpose(2, 0, 1, 3).reshape(cin * kh * kw, cout)
     out = _mm(columns(), w_mat)
     if bias is not None:
-        out += _half_to_float(bias.data)
-    out = _float_to_half(out).reshape(n, oh, ow, cout)
+        out += _up(bias.data)
+    out = _down(out, dt).reshape(n, oh, ow, cout)
 
     @takes_rounded
     def backward(g):
@@ -150,9 +151,9 @@ def _conv2d_half(x, weight, bias, kernel, stride, pads, out_hw):
         gx = gw = gb = None
         if x.requires_grad:
             gcols = _mm(g2, w_mat.T).reshape(n, oh, ow, cin, kh, kw)
-            gx = _rounded(_crop(_scatter_windows(gcols, xp.shape, kernel, stride, out_hw, np.float32), pads))
+            gx = _rounded(_crop(_scatter_windows(gcols, xp.shape, kernel, stride, out_hw, np.float32), pads), dt)
         if weight.requires_grad:
-            gw = _rounded(_mm(columns().T, g2).reshape(cin, kh, kw, cout).transpose(1, 2, 0, 3))
+            gw = _rounded(_mm(columns().T, g2).reshape(cin, kh, kw, cout).transpose(1, 2, 0, 3), dt)
         if bias is not None and bias.requires_grad:
             gb = g2.sum(axis=0)  # float32; autograd rounds it once to the bias's float16
         return (gx, gw) if bias is None else (gx, gw, gb)
@@ -171,19 +172,20 @@ def max_pool2d(x, pool_size=2, stride=None, padding="valid"):
     # (~40x slower than float32), so a float16 input is pooled in float32:
     # the upcast is exact and the maximum is one of the inputs, so rounding
     # it back changes nothing. Only float16 arrays are kept for backward.
-    half = xd.dtype == np.float16
+    dt = xd.dtype
+    half = is_low_precision(dt)
     xp = _pad(xd, pads, value=-np.inf)
-    xp32 = _half_to_float(xp) if half else xp
+    xp32 = _up(xp) if half else xp
     out32 = _window_reduce(_windows(xp32, kernel, stride, (oh, ow)), np.maximum)
-    out = _exact_to_half(out32) if half else out32
+    out = _exact_down(out32, dt) if half else out32
     del xp32, out32
 
     @takes_rounded
     def backward(g):
         # The first position (row-major within the window) holding the maximum
         # takes the gradient, like an argmax would.
-        src = _half_to_float(xp) if half else xp
-        best = _half_to_float(out) if half else out
+        src = _up(xp) if half else xp
+        best = _up(out) if half else out
         g = _up(g) if half else g
         win = _windows(src, kernel, stride, (oh, ow))
         grad_win = np.zeros(win.shape, dtype=g.dtype)
@@ -200,8 +202,8 @@ def max_pool2d(x, pool_size=2, stride=None, padding="valid"):
         if stride[0] >= kernel[0] and stride[1] >= kernel[1]:
             # Windows do not overlap: each input takes at most one float16
             # gradient value, unchanged, so there is nothing to round.
-            return (Rounded(np.ascontiguousarray(gx)),)
-        return (_rounded(gx),)
+            return (Rounded(np.ascontiguousarray(gx), dt),)
+        return (_rounded(gx, dt),)
 
     return Tensor._from_op(out, (x,), backward)
 
@@ -215,8 +217,9 @@ def avg_pool2d(x, pool_size=2, stride=None, padding="valid"):
     kernel, stride, pads, (oh, ow) = _geometry(xd, pool_size, stride, padding)
     # A float16 input is summed in float32 and the mean rounded once (NumPy's
     # float16 adds are slow and would round after every addition).
-    half = xd.dtype == np.float16
-    xp = _pad(_half_to_float(xd) if half else xd, pads)
+    dt = xd.dtype
+    half = is_low_precision(dt)
+    xp = _pad(_up(xd) if half else xd, pads)
     total = _window_reduce(_windows(xp, kernel, stride, (oh, ow)), np.add)
     ones = _pad(np.ones((1,) + xd.shape[1:3] + (1,), dtype=xp.dtype), pads)
     count = _window_reduce(_windows(ones, kernel, stride, (oh, ow)), np.add)  # (1, OH, OW, 1)
@@ -229,6 +232,6 @@ def avg_pool2d(x, pool_size=2, stride=None, padding="valid"):
         share = (_up(g) if half else g) / count
         grad_win = np.broadcast_to(share[..., None, None], share.shape + kernel)
         gx = _crop(_scatter_windows(grad_win, padded_shape, kernel, stride, (oh, ow), share.dtype), pads)
-        return (_rounded(gx) if half else gx,)
+        return (_rounded(gx, dt) if half else gx,)
 
-    return Tensor._from_op(_float_to_half(out) if half else out.astype(xd.dtype, copy=False), (x,), backward)
+    return Tensor._from_op(_down(out, dt) if half else out.astype(xd.dtype, copy=False), (x,), backward)

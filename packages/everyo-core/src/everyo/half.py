@@ -240,12 +240,19 @@ def _up(g):
     """A 16-bit gradient (array or :class:`Rounded`) as float32 values."""
     if isinstance(g, Rounded):
         return g.f32
-    return _half_to_float(g) if g.dtype == np.float16 else _bfloat16_to_float(g)
+    if g.dtype == np.float16:
+        return _half_to_float(g)
+    return _bfloat16_to_float(g) if is_bfloat16(g.dtype) else g
 
 
 def _down(x, dtype):
     """float32 array -> 16-bit ``dtype`` (float16 or bfloat16), as ``astype`` rounds."""
     return _float_to_half(x) if dtype == np.float16 else _float_to_bfloat16(x, dtype)
+
+
+def _exact_down(x, dtype):
+    """float32 array of ``dtype``'s values -> ``dtype`` array (no rounding to do)."""
+    return _exact_to_half(x) if dtype == np.float16 else _exact_to_bfloat16(x, dtype)
 
 
 def takes_rounded(fn):

@@ -5,6 +5,7 @@ from everyo import dispatch
 from everyo.dispatch import FLOAT32
 from everyo.errors import EveryODTypeError, EveryOShapeError
 from everyo.functional import _t
+from everyo.half import is_low_precision
 from everyo.tensor import Tensor
 
 __all__ = ["mse_loss", "cross_entropy", "binary_cross_entropy_with_logits"]
@@ -19,7 +20,7 @@ def _float32_at_least(*tensors):
     back into float16 predictions is still float16.
     """
     tensors = dispatch.apply(FLOAT32, *tensors)
-    return tuple(t.astype("float32") if t.data.dtype == np.float16 else t for t in tensors)
+    return tuple(t.astype("float32") if is_low_precision(t.data.dtype) else t for t in tensors)
 
 
 def _reduce(per_element, reduction, name):

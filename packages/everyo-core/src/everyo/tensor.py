@@ -7,6 +7,7 @@ matmul) and :mod:`everyo.conv` (convolution, pooling); they are attached to
 import numpy as np
 
 from everyo import autograd
+from everyo.half import is_bfloat16
 
 _FLOAT_DEFAULT = np.float32
 
@@ -33,7 +34,7 @@ class Tensor:
 
     def __init__(self, data, requires_grad=False, dtype=None):
         self.data = _to_array(data, dtype)
-        if requires_grad and not np.issubdtype(self.data.dtype, np.floating):
+        if requires_grad and not (np.issubdtype(self.data.dtype, np.floating) or is_bfloat16(self.data.dtype)):
             raise TypeError(f"only floating-point tensors can require grad, got {self.data.dtype}")
         self.grad = None
         self.requires_grad = bool(requires_grad)

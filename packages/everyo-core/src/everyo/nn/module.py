@@ -7,6 +7,7 @@ from collections import OrderedDict
 
 import numpy as np
 
+from everyo.casting import is_floating
 from everyo.errors import EveryODTypeError, EveryOShapeError, EveryOStateDictError
 from everyo.tensor import Parameter, Tensor
 
@@ -157,7 +158,7 @@ def as_input(layer, x, ndim=None, last_dim=None, what="input"):
     """
     if not isinstance(x, Tensor):
         x = Tensor(x)
-    if not np.issubdtype(x.data.dtype, np.floating):
+    if not is_floating(x.data.dtype):
         raise EveryODTypeError(
             f"{layer!r} received {what} of dtype {x.data.dtype}; it needs floating-point input "
             f"(convert it, e.g. x.astype('float32'))"
