@@ -78,3 +78,16 @@ def test_core_recognises_bfloat16_by_name():
     assert half.is_bfloat16(BF16) and half.is_low_precision(BF16) and casting.is_floating(BF16)
     assert not half.is_bfloat16(np.dtype("V2")) and not half.is_bfloat16(np.dtype(np.float16))
     assert half.is_low_precision(np.dtype(np.float16)) and not half.is_low_precision(np.dtype(np.float32))
+
+
+def test_checkpoints_keep_bfloat16(tmp_path):
+    import everyo as eo
+
+    codes = np.arange(0, 2**16, 7, dtype=np.uint16)
+    state = {"w": codes.view(BF16).reshape(-1, 1), "scalar": codes.view(BF16)[3], "f": np.ones(2, np.float32)}
+    eo.save(state, tmp_path / "bf16.npz")
+    back = eo.load(tmp_path / "bf16.npz")
+    assert back["w"].dtype == BF16 and back["w"].shape == state["w"].shape
+    assert np.array_equal(back["w"].view(np.uint16), state["w"].view(np.uint16))
+    assert back["scalar"].dtype == BF16 and back["scalar"].view(np.uint16) == state["scalar"].view(np.uint16)
+    assert back["f"].dtype == np.float32

@@ -15,6 +15,7 @@ import zipfile
 import numpy as np
 
 from everyo.errors import EveryOSerializationError
+from everyo.half import is_bfloat16
 from everyo.tensor import Tensor
 
 _MAGIC = "everyo-checkpoint"
@@ -28,11 +29,15 @@ def _encode(obj, arrays, where):
     if isinstance(obj, np.ndarray):
         if obj.dtype.hasobject:
             raise EveryOSerializationError(f"eo.save: {where} is an object array, which cannot be saved without pickle")
+        if is_bfloat16(obj.dtype):  # .npy cannot name ml_dtypes' type: keep the codes, say what they are
+            arrays.append(obj.view(np.uint16))
+            return {"t": "array", "i": len(arrays) - 1, "dtype": "bfloat16"}
         arrays.append(obj)
         return {"t": "array", "i": len(arrays) - 1}
     if isinstance(obj, np.generic):
-        arrays.append(np.asarray(obj))
-        return {"t": "array", "i": len(arrays) - 1, "scalar": True}
+        node = _encode(np.asarray(obj), arrays, where)
+        node["scalar"] = True
+        return node
     if obj is None or isinstance(obj, (bool, str)):
         return {"t": "value", "v": obj}
     if isinstance(obj, (int, float)):
@@ -56,6 +61,8 @@ def _decode(node, arrays):
     kind = node["t"]
     if kind == "array":
         a = arrays[node["i"]]
+        if node.get("dtype") == "bfloat16":
+            a = a.view(_bfloat16())
         return a[()] if node.get("scalar") else a
     if kind == "value":
         return node["v"]
@@ -67,6 +74,17 @@ def _decode(node, arrays):
         items = [_decode(v, arrays) for v in node["items"]]
         return items if kind == "list" else tuple(items)
     raise ValueError(f"unknown node type {kind!r}")
+
+
+def _bfloat16():
+    try:
+        import ml_dtypes  # only for a checkpoint that holds bfloat16 arrays
+    except ImportError:
+        raise EveryOSerializationError(
+            "this checkpoint holds bfloat16 arrays; reading them needs the ml_dtypes package "
+            "(pip install ml_dtypes, or everyo-amp)"
+        ) from None
+    return np.dtype(ml_dtypes.bfloat16)
 
 
 def atomic_write(path, write):
