@@ -176,6 +176,12 @@ def _as_grad(grad, like):
     return grad
 
 
+def _array_of(value):
+    # A Tensor's array; an ndarray as it is (its own .data is a raw buffer,
+    # which arrays of extension dtypes such as ml_dtypes' cannot even export).
+    return value if isinstance(value, _ARRAYS) else getattr(value, "data", value)
+
+
 def _seed(root, grad):
     if not root.requires_grad:
         raise RuntimeError(
@@ -189,7 +195,7 @@ def _seed(root, grad):
                 f"{root.data.shape}. Reduce it first (e.g. loss.mean()) or pass grad=."
             )
         return np.ones_like(root.data)
-    grad = np.asarray(getattr(grad, "data", grad))
+    grad = np.asarray(_array_of(grad))
     if grad.shape != root.data.shape:
         raise ValueError(f"backward(grad=) has shape {grad.shape}, expected {root.data.shape}")
     return _as_grad(grad, root.data)
@@ -225,7 +231,7 @@ def _run(roots, seeds, retain_graph, capture=None):
                 for hook in list(node._hooks):
                     replaced = hook(g)
                     if replaced is not None:
-                        g = _as_grad(np.asarray(getattr(replaced, "data", replaced)), node.data)
+                        g = _as_grad(np.asarray(_array_of(replaced)), node.data)
             if capture is not None and id(node) in capture:
                 results[id(node)] = materialize(g)
             if node._backward is None:  # a leaf
