@@ -25,8 +25,11 @@ hand over values already rounded to the low-precision type but still held in
 a wider one, skipping a conversion down and back up). The engine passes such an object on unchanged to a backward
 function marked ``accepts_deferred = True`` when it already has the
 parent's dtype and shape, and calls ``materialize()`` everywhere else: for a
-leaf's or a retained ``.grad``, a hook, a sum of two gradients, and any other
-backward function. The engine knows nothing else about it.
+leaf's or a retained ``.grad``, a hook, and any other backward function. Two
+gradients of one tensor are added by ``deferred.accumulate(other)`` when the
+object has that method (``other`` is an ndarray or deferred gradient of the
+same dtype and shape; the result may stay deferred), otherwise as
+materialized arrays. The engine knows nothing else about it.
 """
 import functools
 import threading
@@ -161,6 +164,15 @@ def materialize(g):
     return g if isinstance(g, _ARRAYS) else g.materialize()
 
 
+def _add(a, b):
+    """The sum of two gradients of one tensor (same dtype and shape)."""
+    if not isinstance(a, _ARRAYS) and hasattr(a, "accumulate"):
+        return a.accumulate(b)
+    if not isinstance(b, _ARRAYS) and hasattr(b, "accumulate"):
+        return b.accumulate(a)  # addition commutes, bit for bit
+    return materialize(a) + materialize(b)
+
+
 def _as_grad(grad, like):
     # The gradient of a tensor always has the tensor's own dtype and shape:
     # a low-precision operand gets a gradient of its own dtype even when its consumer ran in
@@ -257,7 +269,7 @@ def _run(roots, seeds, retain_graph, capture=None):
                 if pg is not None:
                     pg = _as_grad(pg, parent.data)
                     prev = grads.get(key)
-                    grads[key] = pg if prev is None else materialize(prev) + materialize(pg)
+                    grads[key] = pg if prev is None else _add(prev, pg)
                 pending[key] -= 1
                 if pending[key] == 0:
                     ready.append(parent)
