@@ -150,6 +150,7 @@ def time_workload(name, case, dtype, scaled, repeats, threads, have_torch):
 def memory_ratio(case, dtype):
     make, x, y, loss_fn = case()
     model = make()
+    saved_activation_bytes(model, x, y, loss_fn, dtype)  # warm-up: first-use imports are not activations
     return saved_activation_bytes(model, x, y, loss_fn, dtype) / saved_activation_bytes(model, x, y, loss_fn, None)
 
 
