@@ -143,12 +143,25 @@ def _exact_to_half(x):
 
 
 def _small_nonzero(v, scratch):
-    """Indices of the values with 0 < |v| < 2**-14 (float16 subnormals, where
+    """Mask of the values with 0 < |v| < 2**-14 (float16 subnormals, where
     the fast rounding is not float16's); ``scratch``: a 4-byte array of v's size."""
     u = scratch.view(_U32)
     np.left_shift(v.view(_U32), _U32(1), out=u)  # |v|'s bits, doubled
     np.subtract(u, _U32(1), out=u)  # zero wraps to the top
-    return np.flatnonzero(np.less(u, _U32((0x38800000 << 1) - 1)))
+    return np.less(u, _U32((0x38800000 << 1) - 1))
+
+
+_NONE = np.empty(0, np.intp)
+
+
+def _few(mask):
+    """``flatnonzero(mask)`` when at most one in _DENSE is set, else None:
+    counting is several times cheaper than finding, and most arrays have
+    either none or many (ReLU and dropout zeros)."""
+    n = np.count_nonzero(mask)
+    if n * _DENSE > mask.size:
+        return None
+    return np.flatnonzero(mask) if n else _NONE
 
 
 def _float_to_half(x):
@@ -161,10 +174,10 @@ def _float_to_half(x):
     out = _encode(a, x, scratch)
     # Values below 2**-14, where the fast rounding is not float16's, got codes
     # with a zero exponent (so did zeros, which are right): redo those few.
-    small = np.flatnonzero(np.equal(np.bitwise_and(out, np.uint16(0x7C00)), np.uint16(0)))
-    if small.size * _DENSE > x.size:
-        small = _small_nonzero(x, scratch)  # many: leave the zeros out
-    if small.size * _DENSE > x.size:  # still many: the general path
+    small = _few(np.equal(np.bitwise_and(out, np.uint16(0x7C00)), np.uint16(0)))
+    if small is None:
+        small = _few(_small_nonzero(x, scratch))  # many: leave the zeros out
+    if small is None:  # still many: the general path
         a, scratch = _round_magnitude(x)
         out = _encode(a, x, scratch)
     elif small.size:
@@ -181,10 +194,10 @@ def _round_to_half(x):
     shape = np.shape(x)
     x = np.ascontiguousarray(x, dtype=_F32).reshape(-1)
     a, scratch = _round_signed(x)
-    small = np.flatnonzero(np.less(np.abs(a, out=scratch), _F32(2.0**-14)))  # zeros too (they are right)
-    if small.size * _DENSE > x.size:
-        small = _small_nonzero(a, scratch)  # many: leave the zeros out
-    if small.size * _DENSE > x.size:  # still many: the general path
+    small = _few(np.less(np.abs(a, out=scratch), _F32(2.0**-14)))  # zeros too (they are right)
+    if small is None:
+        small = _few(_small_nonzero(a, scratch))  # many: leave the zeros out
+    if small is None:  # still many: the general path
         a, scratch = _round_magnitude(x)
         np.bitwise_and(x.view(_U32), _U32(0x80000000), out=scratch)
         np.bitwise_or(a.view(_U32), scratch, out=a.view(_U32))  # x's sign, -0 included
