@@ -1,21 +1,27 @@
 """Mixed precision on this CPU: time of one training step and memory held by
-saved activations, autocast (+ GradScaler) against float32.
+saved activations, autocast against float32, for the four workloads of issue 14.
 
-    python benchmarks/bench_amp.py            (or: hatch run bench:run benchmarks/bench_amp.py)
+    python benchmarks/bench_amp.py [repeats]     (or: hatch run bench:run benchmarks/bench_amp.py)
 
-Models: the spec's MLP (64-128-128-1, 4096 rows, MSE) and a digit CNN
-(Conv2D(1,16,3,'same')-ReLU-MaxPool2D-Conv2D(16,32,3,'same')-ReLU-MaxPool2D-
-Flatten-Linear(128,10) on 8x8x1 images, batch 512, cross-entropy). Steps run
-interleaved (float32, autocast, float32, ...) and the ratio is the median of
-the pairwise ratios, because these 2-core machines flip between a fast and a
-slow state every few seconds. Times are taken twice: with BLAS as configured
-(2 threads here) and limited to 1 thread (threadpoolctl). The float32 step is
-almost all BLAS, which uses both cores; autocast's extra work is float16
-conversion in NumPy, which uses one, so the ratio is worse with 2 threads.
-Memory is what tracemalloc sees NumPy allocate and keep alive between the
-start of the forward pass and the loss, i.e. the graph's saved activations,
-before backward frees them.
+Workloads (one SGD step: forward, loss, backward, optimizer step):
+
+- seed MLP 64-128-128-1 on 4096 rows, MSE; float16 (+ GradScaler) and bfloat16 (no scaler);
+- digit CNN with BatchNorm and Dropout: Conv2D(1,16,3,'same')-BatchNorm2D-ReLU-MaxPool2D-
+  Conv2D(16,32,3,'same')-BatchNorm2D-ReLU-MaxPool2D-Flatten-Dropout(0.25)-Linear(128,10),
+  8x8x1 images, batch 512, cross-entropy; float16 (+ GradScaler);
+- 2-layer transformer encoder (d_model 64, 4 heads, feed-forward 128, dropout 0.1) with a
+  hand-written tanh GELU (``eo.tanh``, ``*``, ``+``), batch 32 x 32 tokens, MSE; float16.
+
+Steps run interleaved (float32, autocast, float32, ...) and a ratio is the median of
+the pairwise ratios, because these 2-core machines flip between a fast and a slow
+state every few seconds. Times are taken with BLAS as configured and limited to one
+thread (threadpoolctl). When torch imports, the same workloads run under PyTorch's
+CPU autocast (float16 and bfloat16) against PyTorch's float32, as ratios too.
+Memory: bytes NumPy still holds after forward + loss with the graph alive
+(tracemalloc), i.e. the saved activations.
 """
+import contextlib
+import math
 import os
 import statistics
 import sys
@@ -28,33 +34,59 @@ from harness import blas_info, interleaved, machine_info, median_ratio, print_ta
 
 import everyo as eo  # noqa: E402
 
-CAVEAT = (
-    "On a CPU, mixed precision saves memory, not time. NumPy has no native float16 arithmetic:\n"
-    "EveryO upcasts to float32 to compute and casts back, so the float16 path is usually slower\n"
-    "here. The speedup mixed precision is known for comes from GPU tensor cores; EveryO implements\n"
-    "the numerics so the behaviour is right, it does not pretend to make your CPU faster."
-)
+GELU_C = math.sqrt(2.0 / math.pi)
+
+
+def gelu(x):
+    """The tanh GELU, written by hand from primitives (what a user would write)."""
+    return 0.5 * x * (1.0 + eo.tanh(GELU_C * (x + 0.044715 * x * x * x)))
 
 
 def mlp_case():
     rng = np.random.default_rng(0)
     x = eo.tensor(rng.standard_normal((4096, 64)).astype(np.float32))
     y = eo.tensor(rng.standard_normal((4096, 1)).astype(np.float32))
-    model = eo.Sequential(eo.Linear(64, 128, seed=0), eo.ReLU(), eo.Linear(128, 128, seed=1), eo.ReLU(),
-                          eo.Linear(128, 1, seed=2))
-    return model, x, y, eo.mse_loss
+
+    def make():
+        return eo.Sequential(eo.Linear(64, 128, seed=0), eo.ReLU(), eo.Linear(128, 128, seed=1), eo.ReLU(),
+                             eo.Linear(128, 1, seed=2))
+
+    return make, x, y, eo.mse_loss
 
 
 def cnn_case():
     rng = np.random.default_rng(1)
     x = eo.tensor(rng.standard_normal((512, 8, 8, 1)).astype(np.float32))
     y = rng.integers(0, 10, size=512)
-    model = eo.Sequential(
-        eo.Conv2D(1, 16, 3, padding="same", seed=0), eo.ReLU(), eo.MaxPool2D(2),
-        eo.Conv2D(16, 32, 3, padding="same", seed=1), eo.ReLU(), eo.MaxPool2D(2),
-        eo.Flatten(), eo.Linear(32 * 2 * 2, 10, seed=2),
-    )
-    return model, x, y, eo.cross_entropy
+
+    def make():
+        return eo.Sequential(
+            eo.Conv2D(1, 16, 3, padding="same", seed=0), eo.BatchNorm2D(16), eo.ReLU(), eo.MaxPool2D(2),
+            eo.Conv2D(16, 32, 3, padding="same", seed=1), eo.BatchNorm2D(32), eo.ReLU(), eo.MaxPool2D(2),
+            eo.Flatten(), eo.Dropout(0.25, seed=3), eo.Linear(32 * 2 * 2, 10, seed=2),
+        )
+
+    return make, x, y, eo.cross_entropy
+
+
+def transformer_case():
+    rng = np.random.default_rng(2)
+    x = eo.tensor(rng.standard_normal((32, 32, 64)).astype(np.float32))
+    y = eo.tensor(rng.standard_normal((32, 32, 64)).astype(np.float32))
+
+    def make():
+        return eo.TransformerEncoder(2, 64, 4, dim_feedforward=128, dropout=0.1, activation=gelu, seed=0)
+
+    return make, x, y, eo.mse_loss
+
+
+# (name, case, autocast dtype, GradScaler?, the issue's target for autocast/float32)
+WORKLOADS = [
+    ("seed MLP, float16", mlp_case, "float16", True, 1.5),
+    ("digit CNN + BN + Dropout, float16", cnn_case, "float16", True, 1.5),
+    ("2-layer transformer, tanh GELU, float16", transformer_case, "float16", True, 1.6),
+    ("seed MLP, bfloat16", mlp_case, "bfloat16", False, 1.25),
+]
 
 
 def float32_step(model, optimizer, x, y, loss_fn):
@@ -63,98 +95,162 @@ def float32_step(model, optimizer, x, y, loss_fn):
     optimizer.step()
 
 
-def autocast_step(model, optimizer, x, y, loss_fn, scaler):
+def autocast_step(model, optimizer, x, y, loss_fn, scaler, dtype):
     optimizer.zero_grad()
-    with eo.autocast():
+    with eo.autocast(dtype=dtype):
         out = model(x)
     scaler.backward(loss_fn(out, y))
     scaler.step(optimizer)
     scaler.update()
 
 
-def saved_activation_bytes(model, x, y, loss_fn, mixed):
-    """Bytes NumPy holds after forward + loss (graph alive), and the peak on the way."""
+def saved_activation_bytes(model, x, y, loss_fn, dtype):
+    """Bytes NumPy holds after forward + loss (graph alive)."""
     tracemalloc.start()
-    tracemalloc.reset_peak()
     base = tracemalloc.get_traced_memory()[0]
-    if mixed:
-        with eo.autocast():
-            out = model(x)
-    else:
+    with eo.autocast(enabled=dtype is not None, dtype=dtype or "float16"):
         out = model(x)
     loss = loss_fn(out, y)
-    held, peak = tracemalloc.get_traced_memory()
+    held = tracemalloc.get_traced_memory()[0]
     tracemalloc.stop()
     del loss, out
-    return held - base, peak - base
+    return held - base
 
 
 def blas_threads(n):
-    """Context limiting BLAS to ``n`` threads (None: leave as configured)."""
-    import contextlib
-
+    """Context limiting BLAS (and torch) to ``n`` threads (None: as configured)."""
     if n is None:
         return contextlib.nullcontext()
-    try:
-        from threadpoolctl import threadpool_limits
-    except ImportError:
-        return None
+    from threadpoolctl import threadpool_limits
+
     return threadpool_limits(n, user_api="blas")
 
 
-def time_case(make, repeats):
-    model, x, y, loss_fn = make()
-    # Separate identical copies, so each step trains its own comparable weights.
-    model32, modelmp = make()[0], make()[0]
+def time_workload(name, case, dtype, scaled, repeats, threads, have_torch):
+    """Interleaved step times: EveryO float32 and autocast, and (with torch) PyTorch's
+    float32 and CPU autocast float16/bfloat16 steps in the same rounds."""
+    make, x, y, loss_fn = case()
+    model32, modelmp = make(), make()  # separate identical copies, each trains its own weights
     opt32 = eo.SGD(model32.parameters(), lr=1e-3)
     optmp = eo.SGD(modelmp.parameters(), lr=1e-3)
-    scaler = eo.GradScaler()
-    times = interleaved({
+    scaler = eo.GradScaler(enabled=scaled)
+    fns = {
         "float32": lambda: float32_step(model32, opt32, x, y, loss_fn),
-        "autocast": lambda: autocast_step(modelmp, optmp, x, y, loss_fn, scaler),
-    }, repeats=repeats, warmup=2)
-    return (statistics.median(times["float32"]), statistics.median(times["autocast"]),
-            median_ratio(times["autocast"], times["float32"]))
+        "autocast": lambda: autocast_step(modelmp, optmp, x, y, loss_fn, scaler, dtype),
+    }
+    if have_torch:
+        fns.update(torch_steps(name))
+    with torch_threads(threads if have_torch else None):
+        times = interleaved(fns, repeats=repeats, warmup=2)
+    return {k: statistics.median(v) for k, v in times.items()}, \
+        {k: median_ratio(v, times["float32" if not k.startswith("torch") else "torch float32"])
+         for k, v in times.items()}, times
 
 
-def memory_rows(name, make):
-    model, x, y, loss_fn = make()
-    mem32, peak32 = saved_activation_bytes(model, x, y, loss_fn, mixed=False)
-    memmp, peakmp = saved_activation_bytes(model, x, y, loss_fn, mixed=True)
-    return [
-        [name, "saved activations (MiB)", mem32 / 2**20, memmp / 2**20, memmp / mem32, "<= 0.6"],
-        [name, "forward peak (MiB)", peak32 / 2**20, peakmp / 2**20, peakmp / peak32, "-"],
-    ]
+def memory_ratio(case, dtype):
+    make, x, y, loss_fn = case()
+    model = make()
+    saved_activation_bytes(model, x, y, loss_fn, dtype)  # warm-up: first-use imports are not activations
+    return saved_activation_bytes(model, x, y, loss_fn, dtype) / saved_activation_bytes(model, x, y, loss_fn, None)
 
 
-CASES = [("MLP 64-128-128-1 x4096", mlp_case), ("digit CNN 8x8 x512", cnn_case)]
+# --- PyTorch's CPU autocast on the same workloads ------------------------------------
+def torch_threads(threads):
+    if threads is None:
+        return contextlib.nullcontext()
+    import torch
+
+    @contextlib.contextmanager
+    def limit():
+        previous = torch.get_num_threads()
+        torch.set_num_threads(threads)
+        try:
+            yield
+        finally:
+            torch.set_num_threads(previous)
+
+    return limit()
 
 
-def main(repeats=15):
+def torch_steps(name):
+    """Zero-argument step functions: PyTorch float32 and CPU autocast float16 / bfloat16."""
+    import torch
+
+    torch.manual_seed(0)
+    nn = torch.nn
+    if name.startswith("seed MLP"):
+        def make():
+            return nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 128), nn.ReLU(), nn.Linear(128, 1))
+        x, y, loss_fn = torch.randn(4096, 64), torch.randn(4096, 1), nn.functional.mse_loss
+    elif name.startswith("digit CNN"):
+        def make():
+            return nn.Sequential(nn.Conv2d(1, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(), nn.MaxPool2d(2),
+                                 nn.Conv2d(16, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(), nn.MaxPool2d(2),
+                                 nn.Flatten(), nn.Dropout(0.25), nn.Linear(128, 10))
+        x, y, loss_fn = torch.randn(512, 1, 8, 8), torch.randint(0, 10, (512,)), nn.functional.cross_entropy
+    else:
+        def torch_gelu(t):
+            return 0.5 * t * (1.0 + torch.tanh(GELU_C * (t + 0.044715 * t * t * t)))
+
+        def make():
+            layer = nn.TransformerEncoderLayer(64, 4, dim_feedforward=128, dropout=0.1, activation=torch_gelu,
+                                               batch_first=True)
+            return nn.TransformerEncoder(layer, num_layers=2, enable_nested_tensor=False)
+        x, y, loss_fn = torch.randn(32, 32, 64), torch.randn(32, 32, 64), nn.functional.mse_loss
+
+    def stepper(dtype):
+        model = make()
+        opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+
+        def step():
+            opt.zero_grad()
+            with torch.autocast("cpu", dtype=dtype, enabled=dtype is not None):
+                out = model(x)
+            loss_fn(out.float(), y).backward()
+            opt.step()
+
+        return step
+
+    return {"torch float32": stepper(None), "torch float16": stepper(torch.float16),
+            "torch bfloat16": stepper(torch.bfloat16)}
+
+
+def main(repeats=9):
     print(machine_info())
     print("BLAS:", blas_info())
+    try:
+        import torch
+
+        print(f"torch {torch.__version__} (threads {torch.get_num_threads()}): PyTorch CPU autocast columns shown")
+        have_torch = True
+    except ImportError:
+        print("torch not importable: PyTorch columns skipped")
+        have_torch = False
     print()
     rows = []
     for threads in (None, 1):
-        limit = blas_threads(threads)
-        if limit is None:
-            print("(threadpoolctl not installed: BLAS-thread-limited rows skipped)")
-            continue
-        label = "step time (ms), BLAS default threads" if threads is None else f"step time (ms), BLAS {threads} thread"
-        with limit:
-            for name, make in CASES:
-                t32, tmp, ratio = time_case(make, repeats)
-                rows.append([name, label, t32 * 1e3, tmp * 1e3, ratio, "<= 2"])
-    for name, make in CASES:
-        rows += memory_rows(name, make)
-    print_table("Mixed precision vs float32: one SGD training step (autocast step includes GradScaler)\n"
-                "times: medians of interleaved runs; ratio: median of pairwise ratios autocast/float32",
-                ["model", "measure", "float32", "autocast", "ratio", "target"], rows)
-    print("Saved activations: bytes NumPy still holds after forward + loss, graph alive (tracemalloc).\n"
-          "Under autocast, conv2d keeps its float16 padded input and rebuilds the im2col columns in\n"
-          "backward; in float32 it keeps the column matrix itself.\n")
-    print(CAVEAT)
+        label = "default" if threads is None else "1"
+        with blas_threads(threads):
+            for name, case, dtype, scaled, target in WORKLOADS:
+                medians, ratios, _ = time_workload(name, case, dtype, scaled, repeats, threads, have_torch)
+                ratio = ratios["autocast"]
+                row = [name, label, medians["float32"] * 1e3, medians["autocast"] * 1e3, ratio, f"<= {target}",
+                       "yes" if ratio <= target else "NO"]
+                if have_torch:
+                    own = medians["autocast"] / medians[f"torch {dtype}"]
+                    row += [ratios["torch float16"], ratios["torch bfloat16"], own]
+                rows.append(row)
+    headers = ["workload", "BLAS threads", "float32 ms", "autocast ms", "ratio", "target", "met"]
+    if have_torch:
+        headers += ["torch f16/f32", "torch bf16/f32", "EveryO/torch autocast"]
+    print_table("One SGD training step, autocast vs float32 (float16 steps include GradScaler)\n"
+                "times: medians of interleaved runs; ratio: median of pairwise ratios autocast/float32;\n"
+                "torch columns: PyTorch's CPU autocast step / its float32 step, same rounds; last column:\n"
+                "EveryO's autocast step / PyTorch's autocast step in the same 16-bit type (medians)", headers, rows)
+    mem = [[name, memory_ratio(case, dtype), "<= 0.6"] for name, case, dtype, _, _ in WORKLOADS]
+    print_table("Saved activations under autocast / float32 (bytes NumPy holds after forward + loss)",
+                ["workload", "ratio", "target"], mem)
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]) if len(sys.argv) > 1 else 15)
+    main(int(sys.argv[1]) if len(sys.argv) > 1 else 9)

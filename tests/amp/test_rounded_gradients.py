@@ -16,7 +16,8 @@ from everyo.half import Rounded, _float_to_half
 def eager_float16(monkeypatch):
     """Switch the hand-over off: every float16 gradient is stored as float16."""
 
-    def store(x):
+    def store(x, dtype=np.float16):
+        assert dtype == np.float16
         return _float_to_half(np.ascontiguousarray(x))
 
     def use():
@@ -127,3 +128,25 @@ def test_a_rounded_gradient_holds_exactly_float16_values():
         assert isinstance(g, Rounded) and g.f32.dtype == np.float32
         np.testing.assert_array_equal(g.f32.astype(np.float16).astype(np.float32), g.f32)
         np.testing.assert_array_equal(g.materialize().astype(np.float32), g.f32)
+
+
+@pytest.mark.parametrize("name", ["float16", "bfloat16"])
+def test_accumulate_is_numpys_own_16_bit_add(name):
+    # Two gradients of one tensor are summed by Rounded.accumulate (autograd's
+    # deferred protocol): it must give exactly the 16-bit a + b.
+    from everyo.half import _rounded, _up
+
+    if name == "bfloat16":
+        dtype = np.dtype(pytest.importorskip("ml_dtypes").bfloat16)
+    else:
+        dtype = np.dtype(np.float16)
+    codes = np.arange(2**16, dtype=np.uint16).view(dtype)
+    a = codes[np.isfinite(codes.astype(np.float32))]
+    b = a[np.random.default_rng(0).permutation(a.size)]
+    with np.errstate(all="ignore"):
+        expected = a + b
+        for left, right in ((_rounded(_up(a), dtype), b), (_rounded(_up(a), dtype), _rounded(_up(b), dtype))):
+            got = left.accumulate(right)
+            assert isinstance(got, Rounded) and got.dtype == dtype
+            same = (got.materialize().view(np.uint16) == expected.view(np.uint16)) | np.isnan(expected.astype(np.float32))
+            assert same.all()

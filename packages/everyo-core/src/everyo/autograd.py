@@ -25,8 +25,11 @@ hand over values already rounded to the low-precision type but still held in
 a wider one, skipping a conversion down and back up). The engine passes such an object on unchanged to a backward
 function marked ``accepts_deferred = True`` when it already has the
 parent's dtype and shape, and calls ``materialize()`` everywhere else: for a
-leaf's or a retained ``.grad``, a hook, a sum of two gradients, and any other
-backward function. The engine knows nothing else about it.
+leaf's or a retained ``.grad``, a hook, and any other backward function. Two
+gradients of one tensor are added by ``deferred.accumulate(other)`` when the
+object has that method (``other`` is an ndarray or deferred gradient of the
+same dtype and shape; the result may stay deferred), otherwise as
+materialized arrays. The engine knows nothing else about it.
 
 In-place changes. Every change to a tensor's values made through EveryO
 takes a stamp from one process-wide clock into the tensor's ``_version``:
@@ -245,6 +248,15 @@ def materialize(g):
     return g if isinstance(g, _ARRAYS) else g.materialize()
 
 
+def _add(a, b):
+    """The sum of two gradients of one tensor (same dtype and shape)."""
+    if not isinstance(a, _ARRAYS) and hasattr(a, "accumulate"):
+        return a.accumulate(b)
+    if not isinstance(b, _ARRAYS) and hasattr(b, "accumulate"):
+        return b.accumulate(a)  # addition commutes, bit for bit
+    return materialize(a) + materialize(b)
+
+
 def _as_grad(grad, like):
     # The gradient of a tensor always has the tensor's own dtype and shape:
     # a low-precision operand gets a gradient of its own dtype even when its consumer ran in
@@ -260,6 +272,12 @@ def _as_grad(grad, like):
     return grad
 
 
+def _array_of(value):
+    # A Tensor's array; an ndarray as it is (its own .data is a raw buffer,
+    # which arrays of extension dtypes such as ml_dtypes' cannot even export).
+    return value if isinstance(value, _ARRAYS) else getattr(value, "data", value)
+
+
 def _seed(root, grad):
     if not root.requires_grad:
         raise RuntimeError(
@@ -273,7 +291,7 @@ def _seed(root, grad):
                 f"{root.data.shape}. Reduce it first (e.g. loss.mean()) or pass grad=."
             )
         return np.ones_like(root.data)
-    grad = np.asarray(getattr(grad, "data", grad))
+    grad = np.asarray(_array_of(grad))
     if grad.shape != root.data.shape:
         raise ValueError(f"backward(grad=) has shape {grad.shape}, expected {root.data.shape}")
     return _as_grad(grad, root.data)
@@ -310,7 +328,7 @@ def _run(roots, seeds, retain_graph, capture=None):
                 for hook in list(node._hooks):
                     replaced = hook(g)
                     if replaced is not None:
-                        g = _as_grad(np.asarray(getattr(replaced, "data", replaced)), node.data)
+                        g = _as_grad(np.asarray(_array_of(replaced)), node.data)
             if capture is not None and id(node) in capture:
                 results[id(node)] = materialize(g)
             if node._backward is None:  # a leaf
@@ -340,7 +358,7 @@ def _run(roots, seeds, retain_graph, capture=None):
                 if pg is not None:
                     pg = _as_grad(pg, parent.data)
                     prev = grads.get(key)
-                    grads[key] = pg if prev is None else materialize(prev) + materialize(pg)
+                    grads[key] = pg if prev is None else _add(prev, pg)
                 pending[key] -= 1
                 if pending[key] == 0:
                     ready.append(parent)

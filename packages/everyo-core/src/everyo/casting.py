@@ -1,19 +1,29 @@
 """``convert(array, dtype)``: ``array.astype(dtype)``, through the fast exact
-conversions where the project has them (float16 <-> float32, in
-:mod:`everyo.half`). One place for every cast that autograd and the ops make,
-so a new floating type needs one entry here, not a branch in each caller."""
+conversions where the project has them (float16 <-> float32 and bfloat16 <->
+float32, in :mod:`everyo.half`). One place for every cast that autograd and
+the ops make, so a new floating type needs one entry here, not a branch in
+each caller."""
 import numpy as np
 
-from everyo.half import _float_to_half, _half_to_float
+from everyo.half import _bfloat16_to_float, _float_to_bfloat16, _float_to_half, _half_to_float, is_bfloat16
 
 _F16, _F32 = np.dtype(np.float16), np.dtype(np.float32)
 
 
 def convert(arr, dtype):
-    """``arr.astype(dtype)``, bit for bit, but faster between float16 and float32."""
+    """``arr.astype(dtype)``, bit for bit, but faster between a 16-bit float and float32."""
     src, dtype = arr.dtype, np.dtype(dtype)
     if src == _F16 and dtype == _F32:
         return _half_to_float(arr)
     if src == _F32 and dtype == _F16:
         return _float_to_half(arr)
+    if src == _F32 and is_bfloat16(dtype):
+        return _float_to_bfloat16(arr, dtype)
+    if dtype == _F32 and is_bfloat16(src):
+        return _bfloat16_to_float(arr)
     return arr.astype(dtype)
+
+
+def is_floating(dtype):
+    """NumPy's floating types and bfloat16 (whose NumPy kind is 'V')."""
+    return dtype.kind == "f" or is_bfloat16(dtype)

@@ -11,7 +11,7 @@ from numpy.lib.stride_tricks import as_strided
 from everyo.dispatch import LOW_PRECISION, primitive
 from everyo.errors import EveryOShapeError
 from everyo.functional import _mm, _t, reshape
-from everyo.half import Rounded, _exact_to_half, _float_to_half, _half_to_float, _rounded, _up, takes_rounded
+from everyo.half import Rounded, _down, _exact_down, _rounded, _up, is_low_precision, takes_rounded
 from everyo.padding import _pair, output_size, resolve_padding2d
 from everyo.tensor import Tensor
 
@@ -67,11 +67,11 @@ def _window_reduce(win, ufunc):
 def _scatter_windows(grad_win, padded_shape, kernel, stride, out_hw, dtype, dilation=(1, 1), channels_last=False):
     """Adjoint of :func:`_windows` (of :func:`_patches` with ``channels_last``):
     add window gradients back into the padded input."""
-    if dtype == np.float16:
+    if is_low_precision(np.dtype(dtype)):
         # NumPy's float16 adds convert every element (~40x slower than
         # float32): accumulate in float32 and round once at the end.
-        grad_win = _half_to_float(grad_win)
-        return _float_to_half(_scatter_windows(grad_win, padded_shape, kernel, stride, out_hw, np.float32, dilation,
+        grad_win = _up(grad_win)
+        return _down(_scatter_windows(grad_win, padded_shape, kernel, stride, out_hw, np.float32, dilation,
                                                channels_last))
     gxp = np.zeros(padded_shape, dtype=dtype)
     (oh, ow), (sh, sw), (dh, dw) = out_hw, stride, dilation
@@ -152,7 +152,7 @@ def _times_weight_t(g2, w_mat, groups):
 
 def _weight_grad(cols, g2, groups, w_shape):
     kh, kw, cin_g, cout = w_shape
-    if groups == 1 and cols.shape[1] < 64 and cols.dtype != np.float16:
+    if groups == 1 and cols.shape[1] < 64 and not is_low_precision(cols.dtype):
         # Few columns (a first layer: C * kh * kw = 9 for one channel): OpenBLAS
         # splits a (K, O) product over its rows and columns, never over the long
         # pixel axis, and cols.T @ g2 was measured up to 10x slower (and far
@@ -215,7 +215,7 @@ def conv2d(x, weight, bias=None, stride=1, padding="valid", dilation=1, groups=1
             f"with groups={groups}: need C == {cin_g} * groups and O divisible by groups"
         )
     geometry = _geometry(xd.shape, (kh, kw), stride, padding, dilation)
-    half = xd.dtype == w.dtype == np.float16 and (bias is None or bias.data.dtype == np.float16)
+    half = is_low_precision(xd.dtype) and w.dtype == xd.dtype and (bias is None or bias.data.dtype == xd.dtype)
     return _conv2d(x, weight, bias, geometry, groups, half)
 
 
@@ -234,16 +234,16 @@ def _conv2d(x, weight, bias, geometry, groups, half):
     view = _patches if groups == 1 else _windows
 
     def columns():
-        src = _half_to_float(xp) if half else xp
+        src = _up(xp) if half else xp
         return view(src, kernel, stride, (oh, ow), dilation).reshape(n * oh * ow, cin * kh * kw)
 
-    w_mat = _weight_matrix(_half_to_float(w) if half else w, groups)
+    w_mat = _weight_matrix(_up(w) if half else w, groups)
     cols = columns()
     out = _times_weight(cols, w_mat, groups)
     if bias is not None:
-        out += _half_to_float(bias.data) if half else bias.data
+        out += _up(bias.data) if half else bias.data
     if half:
-        out, cols = _float_to_half(out), None
+        out, cols = _down(out, xd.dtype), None
     out = out.reshape(n, oh, ow, cout)
 
     def backward(g):
@@ -254,13 +254,13 @@ def _conv2d(x, weight, bias, geometry, groups, half):
             gcols = gcols.reshape((n, oh, ow, kh, kw, cin) if groups == 1 else (n, oh, ow, cin, kh, kw))
             acc = np.float32 if half else gcols.dtype
             gx = _crop(_scatter_windows(gcols, xp.shape, kernel, stride, (oh, ow), acc, dilation, groups == 1), pads)
-            gx = _rounded(gx) if half else gx
+            gx = _rounded(gx, xd.dtype) if half else gx
         if weight.requires_grad:
             gw = _weight_grad(columns() if half else cols, g2, groups, w.shape)
-            gw = _rounded(gw) if half else gw
+            gw = _rounded(gw, xd.dtype) if half else gw
         if bias is not None and bias.requires_grad:
             # float32 for float16 gradients; autograd rounds it once to the bias's float16
-            gb = g2.sum(axis=0, dtype=np.float32 if g2.dtype == np.float16 else None)
+            gb = g2.sum(axis=0, dtype=np.float32 if is_low_precision(g2.dtype) else None)
         return (gx, gw) if bias is None else (gx, gw, gb)
 
     parents = (x, weight) if bias is None else (x, weight, bias)
@@ -332,19 +332,19 @@ def max_pool2d(x, pool_size=2, stride=None, padding="valid"):
     # (~40x slower than float32), so a float16 input is pooled in float32:
     # the upcast is exact and the maximum is one of the inputs, so rounding
     # it back changes nothing. Only float16 arrays are kept for backward.
-    half = xd.dtype == np.float16
+    half = is_low_precision(xd.dtype)
     xp = _pad(xd, pads, value=-np.inf)
-    xp32 = _half_to_float(xp) if half else xp
+    xp32 = _up(xp) if half else xp
     out32 = _window_reduce(_windows(xp32, kernel, stride, (oh, ow)), np.maximum)
-    out = _exact_to_half(out32) if half else out32
+    out = _exact_down(out32, xd.dtype) if half else out32
     del xp32, out32
 
     @takes_rounded
     def backward(g):
         # The first position (row-major within the window) holding the maximum
         # takes the gradient, like an argmax would.
-        src = _half_to_float(xp) if half else xp
-        best = _half_to_float(out) if half else out
+        src = _up(xp) if half else xp
+        best = _up(out) if half else out
         g = _up(g) if half else g
         win = _windows(src, kernel, stride, (oh, ow))
         disjoint = stride[0] >= kernel[0] and stride[1] >= kernel[1]
@@ -377,8 +377,8 @@ def max_pool2d(x, pool_size=2, stride=None, padding="valid"):
         if disjoint:
             # Windows do not overlap: each input takes at most one float16
             # gradient value, unchanged, so there is nothing to round.
-            return (Rounded(np.ascontiguousarray(gx)),)
-        return (_rounded(gx),)
+            return (Rounded(np.ascontiguousarray(gx), xd.dtype),)
+        return (_rounded(gx, xd.dtype),)
 
     return Tensor._from_op(out, (x,), backward)
 
@@ -393,8 +393,8 @@ def avg_pool2d(x, pool_size=2, stride=None, padding="valid"):
     kernel, stride, _, pads, (oh, ow) = _geometry(xd.shape, pool_size, stride, padding, op="avg_pool2d")
     # A float16 input is summed in float32 and the mean rounded once (NumPy's
     # float16 adds are slow and would round after every addition).
-    half = xd.dtype == np.float16
-    xp = _pad(_half_to_float(xd) if half else xd, pads)
+    half = is_low_precision(xd.dtype)
+    xp = _pad(_up(xd) if half else xd, pads)
     total = _window_reduce(_windows(xp, kernel, stride, (oh, ow)), np.add)
     ones = _pad(np.ones((1,) + xd.shape[1:3] + (1,), dtype=xp.dtype), pads)
     count = _window_reduce(_windows(ones, kernel, stride, (oh, ow)), np.add)  # (1, OH, OW, 1)
@@ -407,6 +407,6 @@ def avg_pool2d(x, pool_size=2, stride=None, padding="valid"):
         share = (_up(g) if half else g) / count
         grad_win = np.broadcast_to(share[..., None, None], share.shape + kernel)
         gx = _crop(_scatter_windows(grad_win, padded_shape, kernel, stride, (oh, ow), share.dtype), pads)
-        return (_rounded(gx) if half else gx,)
+        return (_rounded(gx, xd.dtype) if half else gx,)
 
-    return Tensor._from_op(_float_to_half(out) if half else out.astype(xd.dtype, copy=False), (x,), backward)
+    return Tensor._from_op(_down(out, xd.dtype) if half else out.astype(xd.dtype, copy=False), (x,), backward)

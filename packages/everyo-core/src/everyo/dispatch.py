@@ -79,6 +79,13 @@ KINDS = frozenset({
     "fused",        # a whole recurrence in one node (rnn/lstm/gru scans)
 })
 
+# float16/bfloat16 operands of these kinds compute in float32 and round once
+# (:mod:`everyo.low_precision`), forward and backward; the ops named in
+# _OWN_16BIT_PATH do that themselves, faster (ReLU selects on the 16-bit codes).
+FLOAT32_COMPUTE_KINDS = frozenset({"elementwise", "reduction", "random"})
+_OWN_16BIT_PATH = frozenset({"relu"})
+_low_precision = None  # everyo.low_precision, bound on first use (it imports Tensor)
+
 _policy = ContextVar("everyo_precision_policy", default=None)
 _tracer = ContextVar("everyo_tracer", default=None)
 _depth = ContextVar("everyo_primitive_depth", default=0)  # only maintained while tracing
@@ -147,12 +154,15 @@ class OpDef:
         inputs: the names of the Tensor operands, in signature order; a name
             starting with ``*`` is a sequence of Tensors (``concatenate``).
         differentiable: whether the op passes gradients to float operands.
-        forward: the undecorated function; ``function`` the public wrapper.
+        forward: the undecorated function; ``function`` the public wrapper;
+            ``run`` what the wrapper calls: ``forward``, or for the kinds in
+            :data:`FLOAT32_COMPUTE_KINDS` ``forward`` with 16-bit operands
+            computed in float32.
         signature: ``inspect.Signature`` of ``forward``.
     """
 
     __slots__ = ("name", "category", "kind", "inputs", "differentiable", "forward", "function", "signature",
-                 "resolve", "_slots")
+                 "resolve", "_slots", "run")
 
     def __init__(self, name, category, kind, inputs, differentiable, forward, resolve):
         self.name, self.category, self.kind = name, category, kind
@@ -171,6 +181,7 @@ class OpDef:
                 "varargs" if params[pname].kind is params[pname].VAR_POSITIONAL else "sequence")
             slots.append((pname, positional.index(pname) if pname in positional else None, mode))
         self._slots = tuple(slots)
+        self.run = forward
 
     def __repr__(self):
         return f"OpDef({self.name!r}, category={self.category!r}, kind={self.kind!r}, inputs={self.inputs})"
@@ -204,13 +215,16 @@ def primitive(name, category=None, *, kind, inputs=None, differentiable=True, re
             raise ValueError(f"primitive {name!r} is already registered by {OPS[name].forward.__module__}")
         operands = inputs if inputs is not None else (next(iter(inspect.signature(forward).parameters)),)
         op = OpDef(name, category, kind, operands, differentiable, forward, resolve)
+        if kind in FLOAT32_COMPUTE_KINDS and name not in _OWN_16BIT_PATH:
+            op.run = _in_float32(op)
+        run = op.run
 
         if category is None:
             @functools.wraps(forward)
             def function(*args, **kwargs):
                 tracer = _tracer.get()
                 if tracer is None:
-                    return forward(*args, **kwargs)
+                    return run(*args, **kwargs)
                 return _traced(op, tracer, args, kwargs)
         else:
             @functools.wraps(forward)
@@ -219,9 +233,9 @@ def primitive(name, category=None, *, kind, inputs=None, differentiable=True, re
                 if tracer is None:
                     policy = _policy.get()
                     if policy is None:
-                        return forward(*args, **kwargs)
+                        return run(*args, **kwargs)
                     args, kwargs = _cast_operands(op, policy, args, kwargs)
-                    return forward(*args, **kwargs)
+                    return run(*args, **kwargs)
                 return _traced(op, tracer, args, kwargs)
 
         function.op = op
@@ -233,6 +247,22 @@ def primitive(name, category=None, *, kind, inputs=None, differentiable=True, re
 
 
 # --- what the wrapper does beyond the call ----------------------------------------------
+def _in_float32(op):
+    """``op.forward``, but with float16/bfloat16 operands computed in float32
+    and rounded once (everyo.low_precision); anything else goes straight through."""
+    forward, slots = op.forward, op._slots
+
+    def run(*args, **kwargs):
+        global _low_precision
+        if _low_precision is None:
+            from everyo import low_precision as _low_precision
+        if _low_precision.low_precision_operands(slots, args, kwargs):
+            return _low_precision.call_in_float32(forward, slots, args, kwargs)
+        return forward(*args, **kwargs)
+
+    return run
+
+
 def _tensor_type():
     global _Tensor
     if _Tensor is None:
@@ -305,10 +335,10 @@ def _traced(op, tracer, args, kwargs):
             # as astype nodes feeding it, so the recorded graph is connected.
             args, kwargs = _cast_operands(op, policy, args, kwargs)
     if _depth.get():
-        return op.forward(*args, **kwargs)  # inside another primitive: not recorded
+        return op.run(*args, **kwargs)  # inside another primitive: not recorded
     token = _depth.set(1)
     try:
-        out = op.forward(*args, **kwargs)
+        out = op.run(*args, **kwargs)
         inputs, attrs = _describe(op, args, kwargs)
         outputs = tuple(out) if isinstance(out, (list, tuple)) else (out,)
         tracer.record(op.name, inputs, outputs, attrs)

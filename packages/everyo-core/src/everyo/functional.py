@@ -11,7 +11,7 @@ from everyo.axes import check_permutation, normalize_axes, normalize_axis
 from everyo.dispatch import FLOAT32, LOW_PRECISION, primitive
 from everyo.errors import EveryOShapeError
 from everyo.casting import convert as _convert
-from everyo.half import Rounded, _float_to_half, _half_to_float, _rounded, _up, takes_rounded
+from everyo.half import Rounded, _down, _float_to_half, _half_to_float, _rounded, _up, is_low_precision, takes_rounded
 from everyo.random import default_generator
 from everyo.tensor import Tensor
 
@@ -140,10 +140,11 @@ def pow(a, exponent):
 # --- matmul and the fused linear -------------------------------------------
 def _mm(x, y):
     # NumPy's float16 matmul is a naive loop with no BLAS (hundreds of times
-    # slower). Upcasting to float32 for the BLAS call and casting the result
-    # down gives the same float16 rounding of the float32-accumulated product.
-    if x.dtype == np.float16 and y.dtype == np.float16:
-        return _float_to_half(_mm(_half_to_float(x), _half_to_float(y)))
+    # slower; ml_dtypes' bfloat16 one too, and it returns float32). Upcasting
+    # to float32 for the BLAS call and casting the result down gives the same
+    # 16-bit rounding of the float32-accumulated product.
+    if x.dtype == y.dtype and is_low_precision(x.dtype):
+        return _down(_mm(_up(x), _up(y)), x.dtype)
     if x.ndim == 2 and y.ndim == 2 and x.shape[1] == 1:
         # An outer product (e.g. the backward of a 1-unit output layer): a
         # broadcast multiply is exact (one product per element) and ~3x
@@ -187,7 +188,8 @@ def linear(x, weight, bias=None):
     single BLAS call.
     """
     x = _t(x)
-    if x.data.dtype == weight.data.dtype == np.float16 and (bias is None or bias.data.dtype == np.float16):
+    dt = x.data.dtype
+    if is_low_precision(dt) and weight.data.dtype == dt and (bias is None or bias.data.dtype == dt):
         return _linear_half(x, weight, bias)
     xd, w = x.data, weight.data
     lead = xd.shape[:-1]
@@ -211,7 +213,7 @@ def linear(x, weight, bias=None):
 
 
 def _linear_half(x, weight, bias):
-    # float16 operands: one float32 BLAS call with the bias added in float32,
+    # float16 (or bfloat16) operands: one float32 BLAS call with the bias added in float32,
     # then a single rounding to float16 (what a fused float16 GEMM does). Each
     # gradient is rounded once the same way and handed on as a Rounded (its
     # float16 values kept in float32, so the next float16 op skips converting
@@ -220,19 +222,20 @@ def _linear_half(x, weight, bias):
     # converted again there), so the memory autocast saves is not spent on
     # float32 copies.
     xd = x.data
+    dt = xd.dtype
     lead = xd.shape[:-1]
     x2 = xd.reshape(-1, xd.shape[-1])
-    w32 = _half_to_float(weight.data)
-    out = _mm(_half_to_float(x2), w32)
+    w32 = _up(weight.data)
+    out = _mm(_up(x2), w32)
     if bias is not None:
-        out += _half_to_float(bias.data)
-    out = _float_to_half(out).reshape(lead + (w32.shape[1],))
+        out += _up(bias.data)
+    out = _down(out, dt).reshape(lead + (w32.shape[1],))
 
     @takes_rounded
     def backward(g):
         g2 = _up(g).reshape(-1, g.shape[-1])
-        gx = _rounded(_mm(g2, w32.T).reshape(xd.shape)) if x.requires_grad else None
-        gw = _rounded(_mm(_half_to_float(x2).T, g2)) if weight.requires_grad else None
+        gx = _rounded(_mm(g2, w32.T).reshape(xd.shape), dt) if x.requires_grad else None
+        gw = _rounded(_mm(_up(x2).T, g2), dt) if weight.requires_grad else None
         if bias is None:
             return gx, gw
         # float32 sum; autograd rounds it once to the bias's float16.
@@ -375,7 +378,7 @@ def sigmoid(a):
 @primitive("relu", kind="elementwise")
 def relu(a):
     a = _t(a)
-    if a.data.dtype == np.float16:
+    if is_low_precision(a.data.dtype):
         return _relu_half(a)
     out = np.maximum(a.data, 0)
     return Tensor._from_op(out, (a,), lambda g: (g * (out > 0),))
@@ -385,35 +388,38 @@ def _relu_half(a):
     # NumPy's float16 maximum/multiply convert every element (~40x slower than
     # float32). ReLU only selects, so it can work on the 16-bit codes: same
     # results as np.maximum(x, 0) and g * (out > 0), code for code.
-    u16 = np.uint16
+    # bfloat16's codes are laid out alike, with +inf at 0x7F80 and the quiet
+    # NaN 0x7FC0 instead of float16's 0x7C00 and 0x7E00.
+    u16, dt = np.uint16, a.data.dtype
+    inf, nan = (0x7C00, 0x7E00) if dt == np.float16 else (0x7F80, 0x7FC0)
     codes = a.data.view(u16)
-    # Codes 0x8001..0xFC00 are the negative non-NaN values other than -0.
-    keep = np.greater_equal(np.subtract(codes, u16(0x8001)), u16(0x7C00))
-    out = np.multiply(codes, keep).view(np.float16)
+    # Codes 0x8001..0x8000 + inf are the negative non-NaN values other than -0.
+    keep = np.greater_equal(np.subtract(codes, u16(0x8001)), u16(inf))
+    out = np.multiply(codes, keep).view(dt)
 
     @takes_rounded
     def backward(grad):
-        # out > 0 exactly for the codes 0x0001..0x7C00 (positive, not NaN):
-        # as int16 those are 1..31744, and only positive NaNs lie above.
+        # out > 0 exactly for the codes 0x0001..inf (positive, not NaN):
+        # as int16 those are 1..inf, and only positive NaNs lie above.
         signed = out.view(np.int16)
-        if signed.max() > 0x7C00:
-            live = np.less(np.subtract(out.view(u16), u16(1)), u16(0x7C00))
+        if signed.max() > inf:
+            live = np.less(np.subtract(out.view(u16), u16(1)), u16(inf))
         else:
             live = np.greater(signed, np.int16(0))
         if isinstance(grad, Rounded):
             # float16 values in float32: g * 1 is g, g * 0 a signed zero (NaN
             # for inf/NaN), each again a float16 value. The array is this
             # backward's own (autograd hands each gradient to one consumer).
-            return (Rounded(np.multiply(grad.f32, live, out=grad.f32)),)
+            return (Rounded(np.multiply(grad.f32, live, out=grad.f32), dt),)
         gc = grad.view(u16)
         # g * 1 is g; g * 0 is a zero with g's sign, or NaN if g is inf/NaN.
         res = np.multiply(live, u16(0x7FFF))
         res |= u16(0x8000)
         res &= gc
-        nonfinite = np.equal(np.bitwise_and(gc, u16(0x7C00)), u16(0x7C00))
+        nonfinite = np.equal(np.bitwise_and(gc, u16(inf)), u16(inf))
         if nonfinite.any():
-            res[nonfinite & ~live] = 0x7E00
-        return (res.view(np.float16),)
+            res[nonfinite & ~live] = nan
+        return (res.view(dt),)
 
     return Tensor._from_op(out, (a,), backward)
 
@@ -597,8 +603,8 @@ def astype(a, dtype):
     def backward(g):
         if isinstance(g, Rounded):  # float16 values already in float32
             return (g.f32 if src == np.float32 else g.f32.astype(src),)
-        if src == np.float16 and g.dtype == np.float32:
-            return (_rounded(g),)  # the float16 gradient, kept in float32 for the next op
+        if is_low_precision(src) and g.dtype == np.float32:
+            return (_rounded(g, src),)  # the 16-bit gradient, kept in float32 for the next op
         return (_convert(g, src),)
 
     return Tensor._from_op(_convert(a.data, dtype), (a,), backward)

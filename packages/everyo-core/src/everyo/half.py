@@ -1,4 +1,7 @@
-"""float16 <-> float32 conversions: exact (bit-identical to ``astype``) and fast.
+"""16-bit float <-> float32 conversions: exact (bit-identical to ``astype``) and fast.
+
+float16 below; bfloat16 (``ml_dtypes.bfloat16``, float32's top 16 bits) at the
+end of the file, handled by its dtype's name so core never imports ml_dtypes.
 
 NumPy converts float16 one element at a time (~2.5 ns per value down, 1.6 ns
 up) and ~40x slower still when values are float16 subnormals, which is
@@ -140,12 +143,25 @@ def _exact_to_half(x):
 
 
 def _small_nonzero(v, scratch):
-    """Indices of the values with 0 < |v| < 2**-14 (float16 subnormals, where
+    """Mask of the values with 0 < |v| < 2**-14 (float16 subnormals, where
     the fast rounding is not float16's); ``scratch``: a 4-byte array of v's size."""
     u = scratch.view(_U32)
     np.left_shift(v.view(_U32), _U32(1), out=u)  # |v|'s bits, doubled
     np.subtract(u, _U32(1), out=u)  # zero wraps to the top
-    return np.flatnonzero(np.less(u, _U32((0x38800000 << 1) - 1)))
+    return np.less(u, _U32((0x38800000 << 1) - 1))
+
+
+_NONE = np.empty(0, np.intp)
+
+
+def _few(mask):
+    """``flatnonzero(mask)`` when at most one in _DENSE is set, else None:
+    counting is several times cheaper than finding, and most arrays have
+    either none or many (ReLU and dropout zeros)."""
+    n = np.count_nonzero(mask)
+    if n * _DENSE > mask.size:
+        return None
+    return np.flatnonzero(mask) if n else _NONE
 
 
 def _float_to_half(x):
@@ -158,10 +174,10 @@ def _float_to_half(x):
     out = _encode(a, x, scratch)
     # Values below 2**-14, where the fast rounding is not float16's, got codes
     # with a zero exponent (so did zeros, which are right): redo those few.
-    small = np.flatnonzero(np.equal(np.bitwise_and(out, np.uint16(0x7C00)), np.uint16(0)))
-    if small.size * _DENSE > x.size:
-        small = _small_nonzero(x, scratch)  # many: leave the zeros out
-    if small.size * _DENSE > x.size:  # still many: the general path
+    small = _few(np.equal(np.bitwise_and(out, np.uint16(0x7C00)), np.uint16(0)))
+    if small is None:
+        small = _few(_small_nonzero(x, scratch))  # many: leave the zeros out
+    if small is None:  # still many: the general path
         a, scratch = _round_magnitude(x)
         out = _encode(a, x, scratch)
     elif small.size:
@@ -178,10 +194,10 @@ def _round_to_half(x):
     shape = np.shape(x)
     x = np.ascontiguousarray(x, dtype=_F32).reshape(-1)
     a, scratch = _round_signed(x)
-    small = np.flatnonzero(np.less(np.abs(a, out=scratch), _F32(2.0**-14)))  # zeros too (they are right)
-    if small.size * _DENSE > x.size:
-        small = _small_nonzero(a, scratch)  # many: leave the zeros out
-    if small.size * _DENSE > x.size:  # still many: the general path
+    small = _few(np.less(np.abs(a, out=scratch), _F32(2.0**-14)))  # zeros too (they are right)
+    if small is None:
+        small = _few(_small_nonzero(a, scratch))  # many: leave the zeros out
+    if small is None:  # still many: the general path
         a, scratch = _round_magnitude(x)
         np.bitwise_and(x.view(_U32), _U32(0x80000000), out=scratch)
         np.bitwise_or(a.view(_U32), scratch, out=a.view(_U32))  # x's sign, -0 included
@@ -194,43 +210,70 @@ def _round_to_half(x):
 
 
 class Rounded:
-    """A float16 gradient held as the float32 values it consists of.
+    """A 16-bit float gradient held as the float32 values it consists of.
 
-    In backward, a float16 layer computes its input's gradient in float32 and
-    rounds it to float16; the next float16 op (ReLU, then the previous layer's
-    matmul) converts it straight back up. Handing over a ``Rounded`` instead
-    skips the trip: ``f32`` holds exactly the float16 values (made by
-    :func:`_round_to_half`), so the numerics are float16's, only the storage
-    differs. Autograd turns it into a real float16 array (exactly, via
-    :meth:`materialize`) wherever one is needed: a leaf's or a retained
-    ``.grad``, a sum of two gradients, and any backward function not marked
-    with :func:`takes_rounded`. This is autograd's dtype-agnostic
-    deferred-gradient protocol (``shape``, ``dtype``, ``materialize()``).
+    In backward, a float16 (or bfloat16) layer computes its input's gradient
+    in float32 and rounds it to the 16-bit type; the next such op (ReLU, then
+    the previous layer's matmul) converts it straight back up. Handing over a
+    ``Rounded`` instead skips the trip: ``f32`` holds exactly the 16-bit
+    values (made by :func:`_round_to_half` or :func:`_round_to_bfloat16`), so
+    the numerics are the 16-bit type's, only the storage differs. Autograd
+    turns it into a real array of ``dtype`` (exactly, via :meth:`materialize`)
+    wherever one is needed: a leaf's or a retained ``.grad``, a sum of two
+    gradients, and any backward function not marked with
+    :func:`takes_rounded`. This is autograd's dtype-agnostic deferred-gradient
+    protocol (``shape``, ``dtype``, ``materialize()``).
     """
 
-    __slots__ = ("f32",)
-    dtype = np.dtype(np.float16)
+    __slots__ = ("f32", "dtype")
 
-    def __init__(self, f32):
+    def __init__(self, f32, dtype=np.dtype(np.float16)):
         self.f32 = f32
+        self.dtype = dtype
 
     @property
     def shape(self):
         return self.f32.shape
 
+    def accumulate(self, other):
+        """``self + other`` (a Rounded or an array of the same dtype) as a
+        Rounded: the float32 sum of two 16-bit values rounded once, which is
+        the correctly rounded 16-bit sum, i.e. NumPy's float16 ``a + b``, bit
+        for bit, without NumPy's slow float16 loop."""
+        total = np.add(self.f32, _up(other))
+        return _rounded(total, self.dtype)
+
     def materialize(self):
-        """The float16 array (exact: the values already are float16's)."""
-        return _exact_to_half(self.f32)
+        """The 16-bit array (exact: the values already are the type's)."""
+        if self.dtype == np.float16:
+            return _exact_to_half(self.f32)
+        return _exact_to_bfloat16(self.f32, self.dtype)
 
 
-def _rounded(x):
-    """The float16 rounding of float32 ``x``, kept in float32 (see :class:`Rounded`)."""
-    return Rounded(_round_to_half(x))
+def _rounded(x, dtype=np.dtype(np.float16)):
+    """The 16-bit rounding of float32 ``x``, kept in float32 (see :class:`Rounded`)."""
+    if dtype == np.float16:
+        return Rounded(_round_to_half(x))
+    return Rounded(_round_to_bfloat16(x), dtype)
 
 
 def _up(g):
-    """A float16 gradient (array or :class:`Rounded`) as float32 values."""
-    return g.f32 if isinstance(g, Rounded) else _half_to_float(g)
+    """A 16-bit gradient (array or :class:`Rounded`) as float32 values."""
+    if isinstance(g, Rounded):
+        return g.f32
+    if g.dtype == np.float16:
+        return _half_to_float(g)
+    return _bfloat16_to_float(g) if is_bfloat16(g.dtype) else g
+
+
+def _down(x, dtype):
+    """float32 array -> 16-bit ``dtype`` (float16 or bfloat16), as ``astype`` rounds."""
+    return _float_to_half(x) if dtype == np.float16 else _float_to_bfloat16(x, dtype)
+
+
+def _exact_down(x, dtype):
+    """float32 array of ``dtype``'s values -> ``dtype`` array (no rounding to do)."""
+    return _exact_to_half(x) if dtype == np.float16 else _exact_to_bfloat16(x, dtype)
 
 
 def takes_rounded(fn):
@@ -238,3 +281,64 @@ def takes_rounded(fn):
     (autograd's deferred-gradient protocol: ``accepts_deferred``)."""
     fn.accepts_deferred = True
     return fn
+
+
+# --- bfloat16 -------------------------------------------------------------------
+# bfloat16 is float32 with the low 16 mantissa bits dropped: same sign and
+# exponent fields, 8 significant bits. Up is a shift; down is round-to-
+# nearest-even on the uint32 bits. ml_dtypes turns every NaN into the quiet
+# NaN 0x7FC0 with the input's sign (payload dropped); so do these.
+
+def is_bfloat16(dtype):
+    """Whether ``dtype`` is ml_dtypes' bfloat16 (recognised without importing ml_dtypes)."""
+    return dtype.kind == "V" and dtype.itemsize == 2 and dtype.name == "bfloat16"
+
+
+def is_low_precision(dtype):
+    """float16 or bfloat16: the 16-bit floats that ops compute in float32."""
+    return dtype == np.float16 or is_bfloat16(dtype)
+
+
+def _bfloat16_to_float(b):
+    """bfloat16 array -> float32 array (exact, NaN payloads included)."""
+    u = b.view(np.uint16).astype(_U32)
+    np.left_shift(u, _U32(16), out=u)
+    return u.view(_F32)
+
+
+def _rne_bits(x):
+    """float32 bits rounded to nearest even at bit 16 (the low 16 bits are
+    garbage the callers drop), NaNs made quiet 0x7FC0xxxx with their sign."""
+    x = np.ascontiguousarray(x, dtype=_F32)
+    bits = x.view(_U32)
+    r = np.right_shift(bits, _U32(16))
+    np.bitwise_and(r, _U32(1), out=r)  # the lowest kept bit: a tie goes to even
+    np.add(r, _U32(0x7FFF), out=r)
+    np.add(r, bits, out=r)  # the carry rounds up (the largest finites carry into inf, as they should)
+    if np.isnan(x.max()):  # max propagates NaN: one reduction finds any
+        nan = np.isnan(x)
+        r[nan] = np.bitwise_or(np.bitwise_and(bits[nan], _U32(0x80000000)), _U32(0x7FC00000))
+    return r
+
+
+def _float_to_bfloat16(x, dtype):
+    """float32 array -> ``dtype`` (bfloat16) array, bit-identical to ``x.astype(dtype)``."""
+    shape = np.shape(x)
+    r = _rne_bits(x)
+    np.right_shift(r, _U32(16), out=r)
+    return r.astype(np.uint16).view(dtype).reshape(shape)
+
+
+def _round_to_bfloat16(x):
+    """float32 array -> float32 array of the values ``x.astype(bfloat16)`` holds."""
+    shape = np.shape(x)
+    r = _rne_bits(x)
+    np.bitwise_and(r, _U32(0xFFFF0000), out=r)
+    return r.view(_F32).reshape(shape)
+
+
+def _exact_to_bfloat16(x, dtype):
+    """float32 array of bfloat16 values (low 16 bits zero) -> bfloat16 array."""
+    shape = np.shape(x)
+    bits = np.ascontiguousarray(x, dtype=_F32).view(_U32)
+    return np.right_shift(bits, _U32(16)).astype(np.uint16).view(dtype).reshape(shape)

@@ -4,6 +4,7 @@ import numpy as np
 from everyo.dispatch import FLOAT32, primitive
 from everyo.errors import EveryODTypeError, EveryOShapeError
 from everyo.functional import _t
+from everyo.half import is_low_precision
 from everyo.tensor import Tensor
 
 __all__ = ["mse_loss", "cross_entropy", "binary_cross_entropy_with_logits"]
@@ -18,7 +19,7 @@ def _float32_at_least(*tensors):
     back into float16 predictions is still float16. (The op table's FLOAT32
     category has already routed them through the precision policy.)
     """
-    return tuple(t.astype("float32") if t.data.dtype == np.float16 else t for t in tensors)
+    return tuple(t.astype("float32") if is_low_precision(t.data.dtype) else t for t in tensors)
 
 
 def _reduce(per_element, reduction, name):

@@ -11,6 +11,7 @@ import numpy as np
 from everyo import autograd, dispatch
 from everyo.errors import EveryOInPlaceError
 from everyo.random import generator_for
+from everyo.half import is_bfloat16
 
 _FLOAT_DEFAULT = np.float32
 
@@ -41,7 +42,7 @@ class Tensor:
     def __init__(self, data, requires_grad=False, dtype=None):
         self._data = _to_array(data, dtype)
         self._version = 0
-        if requires_grad and not np.issubdtype(self.data.dtype, np.floating):
+        if requires_grad and not (np.issubdtype(self.data.dtype, np.floating) or is_bfloat16(self.data.dtype)):
             raise TypeError(f"only floating-point tensors can require grad, got {self.data.dtype}")
         self.grad = None
         self.requires_grad = bool(requires_grad)

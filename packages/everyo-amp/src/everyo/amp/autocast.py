@@ -1,18 +1,23 @@
-"""``autocast``: run matmul and conv2d in float16, keep the sensitive ops in float32.
+"""``autocast``: run matmul and conv2d in float16 (or bfloat16), keep the sensitive ops in float32.
 
 Core knows op *categories* (:mod:`everyo.dispatch`); this module decides what
 they mean by installing a precision policy in core's ContextVar:
 
 - ``'lowp'`` (matmul, the fused linear, conv2d): every floating operand goes
-  through ``Tensor.astype('float16')``, a differentiable cast. Its backward
+  through ``Tensor.astype('float16')`` (or ``'bfloat16'``), a differentiable cast. Its backward
   casts the incoming float16 gradient back to the operand's own dtype, so a
   float32 parameter keeps a float32 gradient while activations, and the
   gradients flowing through them, really are float16.
 - ``'float32'`` (reductions, exp, log, pow, softmax, log_softmax,
-  normalisation statistics, losses): float16 operands are cast up, because
-  summing thousands of values or exponentiating one is where 16 bits runs
-  out of range.
-- every other op follows its inputs.
+  normalisation statistics, losses): float16 and bfloat16 operands are cast
+  up, because summing thousands of values or exponentiating one is where 16
+  bits runs out of range (float16) or precision (bfloat16's 8 bits).
+- every other op follows its inputs (core computes 16-bit elementwise ops in
+  float32 and rounds once: :mod:`everyo.low_precision`).
+
+bfloat16 arrays are ``ml_dtypes.bfloat16`` (imported here, only when asked
+for): float32's exponent range with 8 significant bits, so gradients neither
+overflow nor flush where float32's would not, and no GradScaler is needed.
 
 Because the policy lives in a ``contextvars.ContextVar``, autocast is local to
 a thread and to a context: turning it on in one thread never changes another.
@@ -22,48 +27,90 @@ import functools
 import numpy as np
 
 from everyo import dispatch
+from everyo.half import is_low_precision
 
-__all__ = ["autocast", "is_autocast_enabled", "Float16Policy"]
+__all__ = ["autocast", "is_autocast_enabled", "get_autocast_dtype", "Float16Policy"]
 
 _FLOAT16 = np.dtype(np.float16)
 _FLOAT32 = np.dtype(np.float32)
+_DTYPES = ("float16", "bfloat16")
 
 
 class Float16Policy:
-    """The precision policy ``autocast(True)`` installs (stateless, shared)."""
+    """The precision policy ``autocast`` installs (stateless, one per 16-bit type).
+
+    Args:
+        dtype: the low-precision type, ``np.dtype('float16')`` (default) or
+            ml_dtypes' bfloat16.
+    """
+
+    def __init__(self, dtype=_FLOAT16):
+        self.dtype = np.dtype(dtype)
 
     def cast_inputs(self, category, tensors):
         if category == dispatch.LOW_PRECISION:
-            return tuple(_cast_floating(t, _FLOAT16) for t in tensors)
+            return tuple(_cast_floating(t, self.dtype) for t in tensors)
         if category == dispatch.FLOAT32:
-            return tuple(t.astype(_FLOAT32) if t.data.dtype == _FLOAT16 else t for t in tensors)
+            return tuple(t.astype(_FLOAT32) if is_low_precision(t.data.dtype) else t for t in tensors)
         return tensors  # a category this version does not know: leave it alone
 
     def __repr__(self):
-        return "Float16Policy()"
+        return f"Float16Policy(dtype={self.dtype.name!r})"
 
 
 def _cast_floating(t, dtype):
     # Integer and boolean operands (indices, masks) are not numbers to round.
-    if t.data.dtype.kind == "f" and t.data.dtype != dtype:
+    if t.data.dtype != dtype and (t.data.dtype.kind == "f" or is_low_precision(t.data.dtype)):
         return t.astype(dtype)
     return t
 
 
-_FLOAT16_POLICY = Float16Policy()
+_POLICIES = {}
+
+
+def _policy_for(name):
+    if name not in _POLICIES:
+        if name == "bfloat16":
+            try:
+                import ml_dtypes
+            except ImportError:
+                raise ImportError(
+                    "autocast(dtype='bfloat16') needs the ml_dtypes package (a dependency of everyo-amp): "
+                    "pip install ml_dtypes"
+                ) from None
+            _POLICIES[name] = Float16Policy(ml_dtypes.bfloat16)
+        else:
+            _POLICIES[name] = Float16Policy(_FLOAT16)
+    return _POLICIES[name]
+
+
+def _dtype_name(dtype):
+    name = dtype if isinstance(dtype, str) else getattr(np.dtype(dtype), "name", None)
+    if name not in _DTYPES:
+        raise ValueError(f"autocast(dtype=...) takes 'float16' or 'bfloat16', got {dtype!r}")
+    return name
 
 
 def is_autocast_enabled():
-    """Whether matmul/conv2d run in float16 here (in this thread and context)."""
+    """Whether matmul/conv2d run in a 16-bit type here (in this thread and context)."""
     return isinstance(dispatch.get_policy(), Float16Policy)
 
 
+def get_autocast_dtype():
+    """The 16-bit dtype autocast uses here, or ``None`` outside autocast."""
+    policy = dispatch.get_policy()
+    return policy.dtype if isinstance(policy, Float16Policy) else None
+
+
 class autocast:
-    """Mixed precision for the ops inside: matmul and conv2d in float16.
+    """Mixed precision for the ops inside: matmul and conv2d in float16 or bfloat16.
 
     Args:
         enabled: ``False`` makes a float32 island (no policy) inside an
-            autocast block; ``True`` (default) turns float16 on.
+            autocast block; ``True`` (default) turns the 16-bit type on.
+        dtype: ``'float16'`` (default; use a :class:`GradScaler`) or
+            ``'bfloat16'`` (float32's range: no loss scaling needed; arrays
+            are ``ml_dtypes.bfloat16``).
 
     Works as a context manager and as a decorator, and nests: leaving a block
     restores whatever was in force before it.
@@ -74,18 +121,24 @@ class autocast:
         ...     output = model(eo.ones(3, 8))
         >>> output.dtype, model[0].weight.dtype
         ('float16', 'float32')
+        >>> with eo.autocast(dtype="bfloat16"):
+        ...     output = model(eo.ones(3, 8))
+        >>> output.dtype
+        'bfloat16'
     """
 
-    def __init__(self, enabled=True):
+    def __init__(self, enabled=True, dtype="float16"):
         if not isinstance(enabled, (bool, np.bool_)):
             raise TypeError(f"autocast(enabled=...) takes a bool, got {type(enabled).__name__} {enabled!r}")
         self.enabled = bool(enabled)
+        self.dtype = _dtype_name(dtype)
+        self._policy = _policy_for(self.dtype) if self.enabled else None
         # A stack, not one token: the same object may be entered again while
         # it is active (e.g. a decorated function calling itself).
         self._tokens = []
 
     def __enter__(self):
-        self._tokens.append(dispatch.set_policy(_FLOAT16_POLICY if self.enabled else None))
+        self._tokens.append(dispatch.set_policy(self._policy))
         return self
 
     def __exit__(self, *exc):
@@ -93,14 +146,14 @@ class autocast:
         return False
 
     def __call__(self, fn):
-        enabled = self.enabled
+        enabled, dtype = self.enabled, self.dtype
 
         @functools.wraps(fn)
         def wrapper(*args, **kwargs):
-            with autocast(enabled):
+            with autocast(enabled, dtype):
                 return fn(*args, **kwargs)
 
         return wrapper
 
     def __repr__(self):
-        return f"autocast(enabled={self.enabled})"
+        return f"autocast(enabled={self.enabled}, dtype={self.dtype!r})"

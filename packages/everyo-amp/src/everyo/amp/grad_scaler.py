@@ -7,9 +7,16 @@ it back out (in the float32 master gradients) before the optimizer steps
 leaves the update unchanged. The constant is searched dynamically: it halves
 (``backoff_factor``) whenever a gradient overflows, and that step is skipped,
 and it grows (``growth_factor``) after ``growth_interval`` clean steps.
+
+The search has a floor (``min_scale``): gradients that stay inf/NaN however
+small the scale come from the forward pass or the data, not from float16's
+range, and halving forever would only reach 0.0. At the floor the scale stops
+falling and a ``RuntimeWarning`` says so; a long run of skipped steps warns
+as well (``warn_after_skips``).
 """
 import math
 import numbers
+import warnings
 
 import numpy as np
 
@@ -22,6 +29,9 @@ __all__ = ["GradScaler"]
 _READY, _UNSCALED, _STEPPED = "ready", "unscaled", "stepped"
 
 _STATE_KEYS = ("scale", "growth_factor", "backoff_factor", "growth_interval", "growth_tracker")
+# Added in 0.2; a 0.1 checkpoint without them loads with the defaults.
+_NEW_STATE_KEYS = ("min_scale", "skipped_in_a_row")
+_DEFAULT_MIN_SCALE = 1.0
 
 
 class GradScaler:
@@ -33,8 +43,36 @@ class GradScaler:
             row without inf/NaN gradients (only if the grown scale is finite).
         backoff_factor: multiplies the scale when a gradient is inf/NaN.
         growth_interval: clean steps needed before the scale grows.
+        min_scale: the floor of the backoff (default 1.0). At scale 1 the
+            backward pass is the plain, unscaled one; below it every gradient
+            is *shrunk* towards float16's underflow (2**-24), which trades the
+            overflow a skip avoids for silent flushes, so a smaller scale is
+            no cure. Gradients that are still inf/NaN at scale 1 are
+            non-finite at any scale (a NaN in the loss, an overflow in the
+            forward pass): the scale stops at the floor and a RuntimeWarning
+            says how many steps in a row were skipped. From the default
+            ``init_scale`` of 2**16 the floor is 16 halvings away, so a real
+            overflow is still backed off in full.
+        warn_after_skips: warn (RuntimeWarning) after this many skipped steps
+            in a row, and again after each further as many (default 100).
         enabled: ``False`` turns every method into the plain float32 behaviour
             (``step`` just steps), so one training loop serves both modes.
+
+    Several optimizers share one scaler as in PyTorch: ``scaler.step(opt1);
+    scaler.step(opt2); scaler.update()``. Each optimizer's gradients are
+    unscaled once (by :meth:`unscale_` or :meth:`step`); each step is skipped
+    only if *its* gradients are inf/NaN, and :meth:`update` backs off once if
+    any optimizer's were.
+
+    In data-parallel training average the gradients before :meth:`step`
+    (``everyo.distributed.average_gradients``): an inf/NaN on one rank makes
+    the average inf/NaN on every rank, so all ranks skip together and their
+    scales stay equal.
+
+    bfloat16: ``autocast(dtype="bfloat16")`` has float32's exponent range, so
+    gradients neither overflow nor flush where float32's would not and loss
+    scaling is unnecessary; a GradScaler still works with it (it only
+    multiplies and divides by a power of two, which is exact).
 
     Example:
         >>> scaler = eo.GradScaler()
@@ -47,14 +85,20 @@ class GradScaler:
     """
 
     def __init__(self, init_scale=2.0**16, growth_factor=2.0, backoff_factor=0.5, growth_interval=2000,
-                 enabled=True):
+                 enabled=True, *, min_scale=_DEFAULT_MIN_SCALE, warn_after_skips=100):
         self._enabled = bool(enabled)
-        self._check_hyper("GradScaler", init_scale, growth_factor, backoff_factor, growth_interval)
+        self._check_hyper("GradScaler", init_scale, growth_factor, backoff_factor, growth_interval, min_scale)
+        if _integer("GradScaler: warn_after_skips", warn_after_skips) < 1:
+            raise ValueError(f"GradScaler: warn_after_skips must be a positive integer, got {warn_after_skips!r}")
         self._scale = float(init_scale)
         self._growth_factor = float(growth_factor)
         self._backoff_factor = float(backoff_factor)
         self._growth_interval = int(growth_interval)
+        self._min_scale = float(min_scale)
+        self._warn_after_skips = int(warn_after_skips)
         self._growth_tracker = 0
+        self._skipped_in_a_row = 0
+        self._floor_warned = False
         self._per_optimizer = {}  # id(optimizer) -> {"stage": ..., "found_inf": bool}
 
     # --- the loss ---------------------------------------------------------
@@ -155,9 +199,10 @@ class GradScaler:
                     "call scaler.step(optimizer) (or unscale_) first"
                 )
             if any(s["found_inf"] for s in self._per_optimizer.values()):
-                self._scale *= self._backoff_factor
-                self._growth_tracker = 0
+                self._back_off()
             else:
+                self._skipped_in_a_row = 0
+                self._floor_warned = False
                 self._growth_tracker += 1
                 if self._growth_tracker == self._growth_interval:
                     grown = self._scale * self._growth_factor
@@ -165,6 +210,28 @@ class GradScaler:
                         self._scale = grown
                     self._growth_tracker = 0
         self._per_optimizer = {}
+
+    def _back_off(self):
+        self._growth_tracker = 0
+        self._skipped_in_a_row += 1
+        skipped = self._skipped_in_a_row
+        lowered = self._scale * self._backoff_factor
+        if lowered >= self._min_scale:
+            self._scale = lowered
+        else:
+            self._scale = min(self._scale, self._min_scale)  # (an update(new_scale=) below it stays)
+        if lowered < self._min_scale and not self._floor_warned:  # once per run of skips
+            self._floor_warned = True
+            warnings.warn(
+                f"GradScaler: {skipped} step(s) in a row skipped; the scale would fall below min_scale="
+                f"{self._min_scale} and stops there. Gradients still inf/NaN at this scale are non-finite at any scale: "
+                "look for a NaN/inf in the loss or the forward pass (or a learning rate that diverged)",
+                RuntimeWarning, stacklevel=3)
+        if skipped % self._warn_after_skips == 0:
+            warnings.warn(
+                f"GradScaler: {skipped} steps in a row skipped because gradients were inf/NaN "
+                f"(scale now {self._scale}); training is not progressing",
+                RuntimeWarning, stacklevel=3)
 
     # --- inspection and checkpoints ---------------------------------------
     def get_scale(self):
@@ -175,6 +242,11 @@ class GradScaler:
     def growth_tracker(self):
         """Clean steps in a row since the scale last changed."""
         return self._growth_tracker
+
+    @property
+    def skipped_in_a_row(self):
+        """Steps skipped in a row (inf/NaN gradients) up to the last :meth:`update`."""
+        return self._skipped_in_a_row
 
     def is_enabled(self):
         return self._enabled
@@ -189,6 +261,8 @@ class GradScaler:
             "backoff_factor": self._backoff_factor,
             "growth_interval": self._growth_interval,
             "growth_tracker": self._growth_tracker,
+            "min_scale": self._min_scale,
+            "skipped_in_a_row": self._skipped_in_a_row,
         }
 
     def load_state_dict(self, state_dict):
@@ -204,19 +278,23 @@ class GradScaler:
                 "GradScaler.load_state_dict got an empty dict; it was probably saved from a disabled scaler"
             )
         missing = [k for k in _STATE_KEYS if k not in state_dict]
-        unexpected = sorted(set(state_dict) - set(_STATE_KEYS))
+        unexpected = sorted(set(state_dict) - set(_STATE_KEYS) - set(_NEW_STATE_KEYS))
         if missing or unexpected:
             raise EveryOStateDictError(
                 f"GradScaler.load_state_dict: missing keys {missing}, unexpected keys {unexpected}; "
-                f"expected exactly {list(_STATE_KEYS)}"
+                f"expected {list(_STATE_KEYS + _NEW_STATE_KEYS)} (the last two optional)"
             )
-        values = {k: _scalar(k, state_dict[k]) for k in _STATE_KEYS}
+        defaults = {"min_scale": _DEFAULT_MIN_SCALE, "skipped_in_a_row": 0}
+        values = {k: _scalar(k, state_dict.get(k, defaults.get(k))) for k in _STATE_KEYS + _NEW_STATE_KEYS}
         try:
             self._check_hyper("GradScaler.load_state_dict", values["scale"], values["growth_factor"],
-                              values["backoff_factor"], values["growth_interval"])
+                              values["backoff_factor"], values["growth_interval"], values["min_scale"])
             tracker = _integer("growth_tracker", values["growth_tracker"])
+            skipped = _integer("skipped_in_a_row", values["skipped_in_a_row"])
         except (TypeError, ValueError) as exc:
             raise EveryOStateDictError(str(exc)) from None
+        if skipped < 0:
+            raise EveryOStateDictError(f"GradScaler.load_state_dict: skipped_in_a_row={skipped} must be >= 0")
         if not 0 <= tracker < int(values["growth_interval"]):
             raise EveryOStateDictError(
                 f"GradScaler.load_state_dict: growth_tracker={tracker} must be in "
@@ -227,6 +305,8 @@ class GradScaler:
         self._backoff_factor = float(values["backoff_factor"])
         self._growth_interval = int(values["growth_interval"])
         self._growth_tracker = tracker
+        self._min_scale = float(values["min_scale"])
+        self._skipped_in_a_row = skipped
 
     # --- helpers ----------------------------------------------------------
     def _state_for(self, optimizer):
@@ -237,8 +317,11 @@ class GradScaler:
         return self._per_optimizer.setdefault(id(optimizer), {"stage": _READY, "found_inf": False})
 
     @staticmethod
-    def _check_hyper(where, scale, growth_factor, backoff_factor, growth_interval):
+    def _check_hyper(where, scale, growth_factor, backoff_factor, growth_interval, min_scale):
         _positive_finite(f"{where}: scale", scale)
+        _positive_finite(f"{where}: min_scale", min_scale)
+        if scale < min_scale:
+            raise ValueError(f"{where}: scale {scale!r} is below min_scale {min_scale!r}")
         if not _is_real(growth_factor) or not (math.isfinite(growth_factor) and growth_factor > 1.0):
             raise ValueError(f"{where}: growth_factor must be a finite number > 1, got {growth_factor!r}")
         if not _is_real(backoff_factor) or not 0.0 < backoff_factor < 1.0:
@@ -251,7 +334,7 @@ class GradScaler:
             return "GradScaler(enabled=False)"
         return (f"GradScaler(scale={self._scale}, growth_factor={self._growth_factor}, "
                 f"backoff_factor={self._backoff_factor}, growth_interval={self._growth_interval}, "
-                f"growth_tracker={self._growth_tracker})")
+                f"growth_tracker={self._growth_tracker}, min_scale={self._min_scale})")
 
 
 def _is_real(x):

@@ -13,6 +13,7 @@ import numpy as np
 
 from everyo import random as _random
 from everyo.autograd import RemovableHandle
+from everyo.casting import is_floating
 from everyo.errors import EveryODTypeError, EveryOShapeError, EveryOStateDictError
 from everyo.tensor import Parameter, Tensor
 
@@ -374,7 +375,7 @@ def as_input(layer, x, ndim=None, last_dim=None, what="input"):
     """
     if not isinstance(x, Tensor):
         x = Tensor(x)
-    if not np.issubdtype(x.data.dtype, np.floating):
+    if not is_floating(x.data.dtype):
         raise EveryODTypeError(
             f"{layer!r} received {what} of dtype {x.data.dtype}; it needs floating-point input "
             f"(convert it, e.g. x.astype('float32'))"

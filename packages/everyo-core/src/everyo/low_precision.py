@@ -1,0 +1,145 @@
+"""16-bit float operands (float16, bfloat16) compute in float32 and round once.
+
+NumPy's float16 loops convert every element on its own (several times slower
+than float32, ~40x on subnormals), and ml_dtypes' bfloat16 loops do the same.
+The op table (:mod:`everyo.dispatch`) hands every elementwise and reduction
+op (and dropout) given such operands to :func:`call_in_float32`: each 16-bit
+operand is converted up exactly, as a graph node whose backward rounds the
+gradient once back to the operand's type (a :class:`~everyo.half.Rounded`
+hand-over); the op's own float32 forward runs on those; its result is rounded
+once with the fast conversions of :mod:`everyo.half`, and its backward gets
+the incoming 16-bit gradient as float32 values. One place for every op: no
+op has a 16-bit twin, and composite forwards (ops calling ops) are covered.
+
+Why that is exact: for +, -, *, / and sqrt, float32's 24 significant bits are
+at least twice float16's 11 (bfloat16's 8) plus two, so rounding the float32
+result again gives the correctly rounded 16-bit result, NumPy's own. Other
+functions give the float32 function rounded once: within one unit in the last
+place of NumPy's float16 kernels, which on CPUs with AVX512-FP16 are
+half-precision kernels of their own (exp differs on 4 of the 65,536 float16
+codes, log on 1, all near rounding ties; tanh on none). Reductions accumulate
+in float32, where NumPy's float16 sum and var accumulate in float16.
+
+Mixed operands (a 16-bit with a float32 tensor) promote to float32 as NumPy
+does: the 16-bit ones are converted up here, faster than NumPy's cast, and
+their gradients are rounded back to their own type.
+
+Example:
+    >>> x = eo.tensor(np.array([1.0, 2.0], np.float16), requires_grad=True)
+    >>> y = eo.tanh(x) * x          # each op: float32 inside, one rounding
+    >>> y.dtype
+    'float16'
+"""
+import numpy as np
+
+from everyo.half import _down, _rounded, _up, is_low_precision
+from everyo.tensor import Tensor
+
+_F32 = np.dtype(np.float32)
+
+
+def _is_16bit(value):
+    # itemsize first: it turns float32 and wider away with one attribute read
+    return isinstance(value, Tensor) and value.data.dtype.itemsize == 2 and is_low_precision(value.data.dtype)
+
+
+def low_precision_operands(slots, args, kwargs):
+    """Whether any Tensor operand (``slots``: the op table's (name, index,
+    is_sequence) triples) holds float16 or bfloat16 data."""
+    for pname, index, is_sequence in slots:
+        if index is not None and index < len(args):
+            value = args[index]
+        else:
+            value = kwargs.get(pname)
+        if is_sequence and isinstance(value, (list, tuple)):
+            if any(_is_16bit(v) for v in value):
+                return True
+        elif _is_16bit(value):
+            return True
+    return False
+
+
+def call_in_float32(forward, slots, args, kwargs):
+    """``forward(*args, **kwargs)`` with its 16-bit Tensor operands computed in
+    float32 and the result (and the gradients) rounded once; see the module
+    docstring. ``slots`` as for :func:`low_precision_operands`."""
+    args, kwargs = list(args), dict(kwargs)
+    ups = {}  # id(16-bit operand) -> (operand, its float32 cast); id(cast) -> the same
+    floating = []  # every floating operand's dtype, to find the result's
+    for pname, index, is_sequence in slots:
+        if index is not None and index < len(args):
+            where, key = args, index
+        elif pname in kwargs:
+            where, key = kwargs, pname
+        else:
+            continue
+        value = where[key]
+        if is_sequence and isinstance(value, (list, tuple)):
+            where[key] = type(value)(_upcast(v, ups, floating) for v in value)
+        else:
+            where[key] = _upcast(value, ups, floating)
+    low = {d for d in floating if is_low_precision(d)}
+    # The result is 16-bit only when every floating operand is of that one
+    # 16-bit type (Python scalars are weak, as in NumPy); otherwise it is
+    # the wider type the float32 forward already gives.
+    target = low.pop() if len(low) == 1 and all(is_low_precision(d) for d in floating) else None
+    out = forward(*args, **kwargs)
+    if isinstance(out, Tensor):
+        return _finish(out, ups, target)
+    if isinstance(out, (list, tuple)):
+        return type(out)(_finish(o, ups, target) if isinstance(o, Tensor) else o for o in out)
+    return out
+
+
+def _upcast(value, ups, floating):
+    """A 16-bit Tensor's float32 twin: a graph node whose backward rounds the
+    gradient once to the operand's type (so composite forwards, which reach
+    the operand through nested ops, are covered too)."""
+    if not isinstance(value, Tensor):
+        return value
+    dtype = value.data.dtype
+    if dtype.kind == "f" or is_low_precision(dtype):
+        floating.append(dtype)
+    if not is_low_precision(dtype):
+        return value
+    if id(value) in ups:  # the same operand twice (x * x): one conversion
+        return ups[id(value)][1]
+    twin = Tensor._from_op(_up(value.data), (value,), _rounding_backward(dtype))
+    ups[id(value)] = ups[id(twin)] = (value, twin)
+    return twin
+
+
+def _rounding_backward(dtype):
+    def backward(g):
+        return (_rounded(g, dtype) if g.dtype == _F32 else g,)
+    return backward
+
+
+def _finish(out, ups, target):
+    if id(out) in ups:  # the op handed an operand back (dropout with p=0)
+        return ups[id(out)][0]
+    if target is not None and out.data.dtype == _F32:
+        out._data = _down(out.data, target)  # still construction: not an in-place change
+    else:
+        target = None  # a boolean or integer result, or a mixed op's float32 one
+    if out._backward is None:
+        return out
+    # The float32 twins would keep a float32 copy of every operand alive until
+    # backward (add's closure holds its operands just for their shapes), twice
+    # the 16-bit operand's memory: drop their arrays now and rebuild them from
+    # the 16-bit operands when backward reaches this op. (Arrays a closure
+    # captured itself, like exp's output, stay as they are.)
+    twins = {id(twin): (operand, twin) for operand, twin in ups.values()}.values()
+    for _, twin in twins:
+        twin._data = None
+    inner = out._backward
+
+    def backward(g):
+        for operand, twin in twins:
+            if twin.data is None:
+                twin._data = _up(operand.data)
+        return inner(_up(g) if target is not None else g)  # 16-bit g (array or Rounded) as float32 values
+
+    backward.accepts_deferred = target is not None
+    out._backward = backward
+    return out
