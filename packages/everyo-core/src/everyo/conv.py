@@ -7,8 +7,7 @@ iterations), never over pixels.
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-from everyo import dispatch
-from everyo.dispatch import LOW_PRECISION
+from everyo.dispatch import LOW_PRECISION, primitive
 from everyo.functional import _mm, _t
 from everyo.half import Rounded, _exact_to_half, _float_to_half, _half_to_float, _rounded, _up, takes_rounded
 from everyo.padding import _pair, output_size, resolve_padding2d
@@ -86,12 +85,26 @@ def _geometry(x, kernel, stride, padding):
     return kernel, stride, pads, out_hw
 
 
+def _resolve_conv(inputs, attrs):
+    # The tracer gets the geometry core computes: explicit (top, bottom),
+    # (left, right) pads, and kernel and stride as pairs.
+    x, weight = inputs[0], inputs[1]
+    kernel, stride, pads, _ = _geometry(x.data, weight.data.shape[:2], attrs["stride"], attrs["padding"])
+    attrs.update(kernel_size=kernel, stride=stride, pads=pads)
+    return attrs
+
+
+def _resolve_pool(inputs, attrs):
+    stride = attrs["pool_size"] if attrs["stride"] is None else attrs["stride"]
+    kernel, stride, pads, _ = _geometry(inputs[0].data, attrs["pool_size"], stride, attrs["padding"])
+    attrs.update(pool_size=kernel, stride=stride, pads=pads)
+    return attrs
+
+
+@primitive("conv2d", LOW_PRECISION, kind="conv", inputs=("x", "weight", "bias"), resolve=_resolve_conv)
 def conv2d(x, weight, bias=None, stride=1, padding="valid"):
     """NHWC convolution. ``x``: (N, H, W, C); ``weight``: (kh, kw, C, O); ``bias``: (O,)."""
-    if bias is None:
-        x, weight = dispatch.apply(LOW_PRECISION, _t(x), weight)
-    else:
-        x, weight, bias = dispatch.apply(LOW_PRECISION, _t(x), weight, bias)
+    x = _t(x)
     xd, w = x.data, weight.data
     kh, kw, cin, cout = w.shape
     kernel, stride, pads, (oh, ow) = _geometry(xd, (kh, kw), stride, padding)
@@ -161,6 +174,7 @@ def _conv2d_half(x, weight, bias, kernel, stride, pads, out_hw):
     return Tensor._from_op(out, parents, backward)
 
 
+@primitive("max_pool2d", kind="pool", resolve=_resolve_pool)
 def max_pool2d(x, pool_size=2, stride=None, padding="valid"):
     """Max over windows; the gradient goes to the (first) maximum of each window."""
     x = _t(x)
@@ -206,6 +220,7 @@ def max_pool2d(x, pool_size=2, stride=None, padding="valid"):
     return Tensor._from_op(out, (x,), backward)
 
 
+@primitive("avg_pool2d", kind="pool", resolve=_resolve_pool)
 def avg_pool2d(x, pool_size=2, stride=None, padding="valid"):
     """Mean over windows. With 'same' padding, padded cells are not counted
     (TensorFlow's rule, ONNX ``count_include_pad=0``)."""

@@ -1,30 +1,90 @@
-"""The one extension point in core: an optional precision policy.
+"""The op table: every primitive op, its precision category, and the hooks
+that add-ons install around it (a precision policy, a tracer).
 
-Core knows which *category* each primitive op belongs to; an add-on
-(``everyo.amp``) decides what a category means by installing a policy object
-with one method::
+A *primitive* is a function that computes its output with NumPy and hands
+``Tensor._from_op`` the closure mapping the output gradient to its inputs'
+gradients (its backward sits beside its forward). Each one is registered
+where it is defined::
 
-    policy.cast_inputs(category, tensors) -> tuple of tensors
+    @dispatch.primitive("exp", FLOAT32, kind="elementwise")
+    def exp(a): ...
 
-Categories:
+and listed in :data:`OPS` (name -> :class:`OpDef`). The wrapper the
+decorator builds does three things:
+
+1. routes the Tensor operands through the **precision policy** for the op's
+   category (``everyo.amp`` installs one; see below);
+2. calls the forward;
+3. only while a **tracer** is set, reports the call:
+   ``tracer.record(name, inputs, outputs, attrs)``.
+
+Categories (what the policy is asked to do with the operands):
 
 ``LOW_PRECISION``  matmul, the fused linear ``x @ W + b``, conv2d (with bias).
 ``FLOAT32``        reductions (sum, mean, var), exp, log, pow, softmax,
                    log_softmax, normalisation statistics and every loss.
+``None``           runs in its inputs' dtype (mixed float16/float32 binary
+                   ops promote to the wider type, as NumPy does).
 
-Every other op runs in its inputs' dtype (mixed float16/float32 binary ops
-promote to the wider type, as NumPy does). When no policy is set, the cost of
-the hook is one ``ContextVar.get``. The policy lives in a ContextVar, so it is
-local to a thread and to a ``contextvars`` context.
+Kinds (what the op is, so a policy or a tracer can treat a family alike):
+see :data:`KINDS`.
+
+Policy: an object with ``cast_inputs(category, tensors) -> tuple of
+tensors``. Tracer: an object with ``record(name, inputs, outputs, attrs)``
+and ``on_python_value(tensor, kind)``; ``inputs`` are the op's operands in
+signature order after the policy's casts (Python scalars and arrays wrapped
+as constant Tensors, ``None`` kept), ``outputs`` a tuple of Tensors,
+``attrs`` every other argument by name (with defaults filled in and some
+resolved, e.g. conv padding as explicit ``pads``). Only the outermost
+primitive is recorded: calls a primitive makes inside itself (``flatten``
+calling ``reshape``), and ops the tracer runs inside ``record``, are not.
+``on_python_value`` is called before a Tensor becomes a Python value
+(``bool``, ``int``, ``float``, ``index``, ``item``, ``tolist``) outside any
+primitive, so a tracer can refuse data-dependent control flow.
+
+Both hooks live in ContextVars, so they are local to a thread and to a
+``contextvars`` context. With neither set, a primitive costs one Python call
+and one or two ``ContextVar.get`` more than its forward.
 """
+import functools
+import inspect
 from contextvars import ContextVar
+
+import numpy as np
+
+__all__ = [
+    "LOW_PRECISION", "FLOAT32", "KINDS", "OpDef", "OPS", "primitive",
+    "get_policy", "set_policy", "reset_policy", "apply",
+    "get_tracer", "set_tracer", "reset_tracer", "python_value",
+]
 
 LOW_PRECISION = "lowp"
 FLOAT32 = "float32"
 
+KINDS = frozenset({
+    "elementwise",  # one output element from the same element of each (broadcast) input
+    "compare",      # elementwise, boolean result, no gradient
+    "reduction",    # reduces axes (sum, mean, max, softmax's normaliser ...)
+    "shape",        # moves elements without arithmetic (reshape, transpose, split ...)
+    "indexing",     # picks elements by index (getitem, gather, embedding ...)
+    "matmul",       # products that run on BLAS (matmul, linear, einsum)
+    "conv",         # convolutions
+    "pool",         # windowed reductions
+    "cast",         # dtype conversion
+    "random",       # draws random numbers (dropout)
+    "loss",         # fused losses (always float32 or wider)
+    "fused",        # a whole recurrence in one node (rnn/lstm/gru scans)
+})
+
 _policy = ContextVar("everyo_precision_policy", default=None)
+_tracer = ContextVar("everyo_tracer", default=None)
+_depth = ContextVar("everyo_primitive_depth", default=0)  # only maintained while tracing
+
+OPS = {}
+_Tensor = None  # everyo.tensor.Tensor, bound on first use (tensor.py imports this module)
 
 
+# --- the precision policy ---------------------------------------------------------
 def get_policy():
     """The precision policy in force here, or ``None``."""
     return _policy.get()
@@ -40,8 +100,228 @@ def reset_policy(token):
 
 
 def apply(category, *tensors):
-    """Route an op's operands through the policy (identity when none is set)."""
+    """Route operands through the policy (identity when none is set).
+
+    Primitives get this from their decorator; kept for code outside core's
+    op table that wants the same treatment."""
     policy = _policy.get()
     if policy is None:
         return tensors
     return tuple(policy.cast_inputs(category, tensors))
+
+
+# --- the tracer -------------------------------------------------------------------
+def get_tracer():
+    """The tracer in force here, or ``None``."""
+    return _tracer.get()
+
+
+def set_tracer(tracer):
+    """Install ``tracer`` (or ``None``); returns a token for :func:`reset_tracer`."""
+    return _tracer.set(tracer)
+
+
+def reset_tracer(token):
+    _tracer.reset(token)
+
+
+def python_value(tensor, kind):
+    """Called by Tensor before it turns into a Python value (``kind`` is
+    'bool', 'int', 'float', 'index', 'item' or 'tolist')."""
+    tracer = _tracer.get()
+    if tracer is not None and not _depth.get():
+        tracer.on_python_value(tensor, kind)
+
+
+# --- the table --------------------------------------------------------------------
+class OpDef:
+    """One primitive op.
+
+    Attributes:
+        name: unique name in :data:`OPS` (the tracer's node type).
+        category: ``LOW_PRECISION``, ``FLOAT32`` or ``None`` (inputs' dtype).
+        kind: one of :data:`KINDS`.
+        inputs: the names of the Tensor operands, in signature order; a name
+            starting with ``*`` is a sequence of Tensors (``concatenate``).
+        differentiable: whether the op passes gradients to float operands.
+        forward: the undecorated function; ``function`` the public wrapper.
+        signature: ``inspect.Signature`` of ``forward``.
+    """
+
+    __slots__ = ("name", "category", "kind", "inputs", "differentiable", "forward", "function", "signature",
+                 "resolve", "_slots")
+
+    def __init__(self, name, category, kind, inputs, differentiable, forward, resolve):
+        self.name, self.category, self.kind = name, category, kind
+        self.inputs, self.differentiable = tuple(inputs), bool(differentiable)
+        self.forward, self.function, self.resolve = forward, None, resolve
+        self.signature = inspect.signature(forward)
+        positional = [p.name for p in self.signature.parameters.values()
+                      if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        slots = []
+        for spec in self.inputs:
+            pname = spec.lstrip("*")
+            if pname not in self.signature.parameters:
+                raise TypeError(f"primitive {name!r}: operand {pname!r} is not a parameter of {forward.__qualname__}")
+            slots.append((pname, positional.index(pname) if pname in positional else None, spec.startswith("*")))
+        self._slots = tuple(slots)
+
+    def __repr__(self):
+        return f"OpDef({self.name!r}, category={self.category!r}, kind={self.kind!r}, inputs={self.inputs})"
+
+
+def primitive(name, category=None, *, kind, inputs=None, differentiable=True, resolve=None):
+    """Register the decorated function as the primitive op ``name``.
+
+    Args:
+        name: its name in :data:`OPS`.
+        category: ``LOW_PRECISION``, ``FLOAT32`` or ``None``.
+        kind: one of :data:`KINDS`.
+        inputs: names of the Tensor operands (default: the first parameter);
+            ``"*tensors"`` marks a sequence of Tensors.
+        differentiable: ``False`` for ops with integer or boolean results.
+        resolve: optional ``resolve(inputs, attrs) -> attrs``, called only
+            while tracing, to make attributes explicit (e.g. conv pads).
+
+    Example:
+        >>> @primitive("twice", kind="elementwise")
+        ... def twice(a):
+        ...     return Tensor._from_op(a.data * 2, (a,), lambda g: (g * 2,))
+    """
+    if kind not in KINDS:
+        raise ValueError(f"primitive {name!r}: kind must be one of {sorted(KINDS)}, got {kind!r}")
+    if category not in (None, LOW_PRECISION, FLOAT32):
+        raise ValueError(f"primitive {name!r}: unknown category {category!r}")
+
+    def register(forward):
+        if name in OPS:
+            raise ValueError(f"primitive {name!r} is already registered by {OPS[name].forward.__module__}")
+        operands = inputs if inputs is not None else (next(iter(inspect.signature(forward).parameters)),)
+        op = OpDef(name, category, kind, operands, differentiable, forward, resolve)
+
+        if category is None:
+            @functools.wraps(forward)
+            def function(*args, **kwargs):
+                tracer = _tracer.get()
+                if tracer is None:
+                    return forward(*args, **kwargs)
+                return _traced(op, tracer, args, kwargs)
+        else:
+            @functools.wraps(forward)
+            def function(*args, **kwargs):
+                tracer = _tracer.get()
+                if tracer is None:
+                    policy = _policy.get()
+                    if policy is None:
+                        return forward(*args, **kwargs)
+                    args, kwargs = _cast_operands(op, policy, args, kwargs)
+                    return forward(*args, **kwargs)
+                return _traced(op, tracer, args, kwargs)
+
+        function.op = op
+        op.function = function
+        OPS[name] = op
+        return function
+
+    return register
+
+
+# --- what the wrapper does beyond the call ----------------------------------------------
+def _tensor_type():
+    global _Tensor
+    if _Tensor is None:
+        from everyo.tensor import Tensor
+
+        _Tensor = Tensor
+    return _Tensor
+
+
+def _is_python_scalar(v):
+    return isinstance(v, (bool, int, float, complex))
+
+
+def _cast_operands(op, policy, args, kwargs):
+    """Hand the op's operands to ``policy.cast_inputs`` in one call and put the
+    results back where they came from. Floating arrays are wrapped first (the
+    cast is a graph node); ``None``, Python scalars (weakly typed) and
+    integer or boolean arrays are left alone."""
+    Tensor = _tensor_type()
+    args = list(args)
+    places, values = [], []
+    for pname, index, is_sequence in op._slots:
+        if index is not None and index < len(args):
+            where, key = args, index
+        elif pname in kwargs:
+            where, key = kwargs, pname
+        else:
+            continue
+        value = where[key]
+        if is_sequence or value is None or _is_python_scalar(value):
+            continue
+        if not isinstance(value, Tensor):
+            value = np.asarray(value)
+            if value.dtype.kind != "f":
+                continue  # masks, indices: not numbers to round; the body takes them as given
+            value = Tensor(value)
+        places.append((where, key))
+        values.append(value)
+    if values:
+        for (where, key), value in zip(places, policy.cast_inputs(op.category, tuple(values))):
+            where[key] = value
+    return args, kwargs
+
+
+def _constant(value, like):
+    """A non-Tensor operand as the constant Tensor the op's body makes of it."""
+    Tensor = _tensor_type()
+    if isinstance(value, Tensor) or value is None:
+        return value
+    if _is_python_scalar(value) and like is not None:
+        return Tensor(np.asarray(value, dtype=like.data.dtype))
+    return Tensor(value)
+
+
+def _traced(op, tracer, args, kwargs):
+    if op.category is not None:
+        policy = _policy.get()
+        if policy is not None:
+            # Cast at the caller's depth: an outermost op's casts are recorded
+            # as astype nodes feeding it, so the recorded graph is connected.
+            args, kwargs = _cast_operands(op, policy, args, kwargs)
+    if _depth.get():
+        return op.forward(*args, **kwargs)  # inside another primitive: not recorded
+    token = _depth.set(1)
+    try:
+        out = op.forward(*args, **kwargs)
+        inputs, attrs = _describe(op, args, kwargs)
+        outputs = tuple(out) if isinstance(out, (list, tuple)) else (out,)
+        tracer.record(op.name, inputs, outputs, attrs)
+    finally:
+        _depth.reset(token)
+    return out
+
+
+def _describe(op, args, kwargs):
+    """(inputs, attrs) of one call, as the tracer contract defines them."""
+    Tensor = _tensor_type()
+    bound = op.signature.bind(*args, **kwargs)
+    bound.apply_defaults()
+    arguments = dict(bound.arguments)
+    operand_names = [pname for pname, _, _ in op._slots]
+    given = [arguments[p] for p in operand_names]
+    flat = [t for v in given for t in (v if isinstance(v, (list, tuple)) else (v,))]
+    tensors = [t for t in flat if isinstance(t, Tensor)]
+    like = next((t for t in tensors if t.data.dtype.kind == "f"), tensors[0] if tensors else None)
+    inputs = []
+    for (pname, _, is_sequence), value in zip(op._slots, given):
+        if is_sequence:
+            inputs.extend(_constant(v, like) for v in value)
+        else:
+            inputs.append(_constant(value, like))
+    attrs = {k: v for k, v in arguments.items() if k not in operand_names}
+    for pname, param in op.signature.parameters.items():
+        if param.kind is param.VAR_KEYWORD and pname in attrs:
+            attrs.update(attrs.pop(pname))
+    if op.resolve is not None:
+        attrs = op.resolve(tuple(inputs), attrs)
+    return tuple(inputs), attrs

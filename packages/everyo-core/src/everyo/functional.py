@@ -1,13 +1,13 @@
 """Differentiable primitive ops: elementwise, reductions, shapes, matmul.
 
 Each op computes its output with NumPy and hands ``Tensor._from_op`` one
-closure mapping the output gradient to its inputs' gradients. Ops whose
-precision matters go through :func:`everyo.dispatch.apply` first.
+closure mapping the output gradient to its inputs' gradients. Each is
+registered in the op table (:mod:`everyo.dispatch`) with its precision
+category, which routes its operands through the precision policy.
 """
 import numpy as np
 
-from everyo import dispatch
-from everyo.dispatch import FLOAT32, LOW_PRECISION
+from everyo.dispatch import FLOAT32, LOW_PRECISION, primitive
 from everyo.casting import convert as _convert
 from everyo.half import Rounded, _float_to_half, _half_to_float, _rounded, _up, takes_rounded
 from everyo.tensor import Tensor
@@ -50,6 +50,7 @@ def unbroadcast(grad, shape):
 
 
 # --- arithmetic ----------------------------------------------------------
+@primitive("add", kind="elementwise", inputs=("a", "b"))
 def add(a, b):
     a, b = _operands(a, b)
     sa, sb = a.data.shape, b.data.shape
@@ -61,6 +62,7 @@ def add(a, b):
     return Tensor._from_op(a.data + b.data, (a, b), backward)
 
 
+@primitive("sub", kind="elementwise", inputs=("a", "b"))
 def sub(a, b):
     a, b = _operands(a, b)
     sa, sb = a.data.shape, b.data.shape
@@ -72,6 +74,7 @@ def sub(a, b):
     return Tensor._from_op(a.data - b.data, (a, b), backward)
 
 
+@primitive("mul", kind="elementwise", inputs=("a", "b"))
 def mul(a, b):
     a, b = _operands(a, b)
 
@@ -83,6 +86,7 @@ def mul(a, b):
     return Tensor._from_op(a.data * b.data, (a, b), backward)
 
 
+@primitive("div", kind="elementwise", inputs=("a", "b"))
 def div(a, b):
     a, b = _operands(a, b)
 
@@ -94,15 +98,16 @@ def div(a, b):
     return Tensor._from_op(a.data / b.data, (a, b), backward)
 
 
+@primitive("neg", kind="elementwise")
 def neg(a):
     return Tensor._from_op(-a.data, (a,), lambda g: (-g,))
 
 
+@primitive("pow", FLOAT32, kind="elementwise", inputs=("a", "exponent"))
 def pow(a, exponent):
     """``a ** exponent`` (exponent a number or a Tensor); runs in float32 under autocast."""
     a = _t(a)
     if isinstance(exponent, Tensor):
-        a, exponent = dispatch.apply(FLOAT32, a, exponent)
         out = np.power(a.data, exponent.data)
 
         def backward(g):
@@ -114,7 +119,6 @@ def pow(a, exponent):
             return ga, gb
 
         return Tensor._from_op(out, (a, exponent), backward)
-    (a,) = dispatch.apply(FLOAT32, a)
     p = exponent
     x = a.data
     if p == 2:
@@ -137,9 +141,10 @@ def _mm(x, y):
     return np.matmul(x, y)
 
 
+@primitive("matmul", LOW_PRECISION, kind="matmul", inputs=("a", "b"))
 def matmul(a, b):
     """Matrix product with NumPy's broadcasting rules (1-D operands allowed)."""
-    a, b = dispatch.apply(LOW_PRECISION, _t(a), _t(b))
+    a, b = _t(a), _t(b)
     x, y = a.data, b.data
     out = _mm(x, y)
 
@@ -163,16 +168,14 @@ def matmul(a, b):
     return Tensor._from_op(out, (a, b), backward)
 
 
+@primitive("linear", LOW_PRECISION, kind="matmul", inputs=("x", "weight", "bias"))
 def linear(x, weight, bias=None):
     """``x @ weight + bias`` as one op; ``weight`` is (in, out) (Keras layout).
 
     Leading axes of ``x`` are flattened into one batch axis so the product is a
     single BLAS call.
     """
-    if bias is None:
-        x, weight = dispatch.apply(LOW_PRECISION, _t(x), weight)
-    else:
-        x, weight, bias = dispatch.apply(LOW_PRECISION, _t(x), weight, bias)
+    x = _t(x)
     if x.data.dtype == weight.data.dtype == np.float16 and (bias is None or bias.data.dtype == np.float16):
         return _linear_half(x, weight, bias)
     xd, w = x.data, weight.data
@@ -243,24 +246,27 @@ def _expand(g, shape, axes, keepdims):
     return np.broadcast_to(g, shape)
 
 
+@primitive("sum", FLOAT32, kind="reduction")
 def sum(a, axis=None, keepdims=False):
-    (a,) = dispatch.apply(FLOAT32, _t(a))
+    a = _t(a)
     shape, axes = a.data.shape, _axes(axis, a.data.ndim)
     out = np.asarray(a.data.sum(axis=axes, keepdims=keepdims))
     return Tensor._from_op(out, (a,), lambda g: (_expand(g, shape, axes, keepdims),))
 
 
+@primitive("mean", FLOAT32, kind="reduction")
 def mean(a, axis=None, keepdims=False):
-    (a,) = dispatch.apply(FLOAT32, _t(a))
+    a = _t(a)
     shape, axes = a.data.shape, _axes(axis, a.data.ndim)
     count = int(np.prod([shape[i] for i in axes])) if axes else 1
     out = np.asarray(a.data.mean(axis=axes, keepdims=keepdims))
     return Tensor._from_op(out, (a,), lambda g: (_expand(g / count, shape, axes, keepdims),))
 
 
+@primitive("var", FLOAT32, kind="reduction")
 def var(a, axis=None, keepdims=False, ddof=0):
     """Variance (``ddof=0``: the biased estimate, like NumPy)."""
-    (a,) = dispatch.apply(FLOAT32, _t(a))
+    a = _t(a)
     x = a.data
     shape, axes = x.shape, _axes(axis, x.ndim)
     count = int(np.prod([shape[i] for i in axes])) if axes else 1
@@ -289,39 +295,46 @@ def _extreme(a, axis, keepdims, reducer):
     return Tensor._from_op(np.asarray(out), (a,), backward)
 
 
+@primitive("max", kind="reduction")
 def max(a, axis=None, keepdims=False):
     return _extreme(a, axis, keepdims, np.max)
 
 
+@primitive("min", kind="reduction")
 def min(a, axis=None, keepdims=False):
     return _extreme(a, axis, keepdims, np.min)
 
 
 # --- elementwise ----------------------------------------------------------
+@primitive("exp", FLOAT32, kind="elementwise")
 def exp(a):
-    (a,) = dispatch.apply(FLOAT32, _t(a))
+    a = _t(a)
     out = np.exp(a.data)
     return Tensor._from_op(out, (a,), lambda g: (g * out,))
 
 
+@primitive("log", FLOAT32, kind="elementwise")
 def log(a):
-    (a,) = dispatch.apply(FLOAT32, _t(a))
+    a = _t(a)
     x = a.data
     return Tensor._from_op(np.log(x), (a,), lambda g: (g / x,))
 
 
+@primitive("sqrt", kind="elementwise")
 def sqrt(a):
     a = _t(a)
     out = np.sqrt(a.data)
     return Tensor._from_op(out, (a,), lambda g: (g / (2 * out),))
 
 
+@primitive("abs", kind="elementwise")
 def abs(a):
     a = _t(a)
     x = a.data
     return Tensor._from_op(np.abs(x), (a,), lambda g: (g * np.sign(x),))
 
 
+@primitive("clip", kind="elementwise")
 def clip(a, min=None, max=None):
     a = _t(a)
     x = a.data
@@ -338,12 +351,14 @@ def clip(a, min=None, max=None):
     return Tensor._from_op(out, (a,), backward)
 
 
+@primitive("tanh", kind="elementwise")
 def tanh(a):
     a = _t(a)
     out = np.tanh(a.data)
     return Tensor._from_op(out, (a,), lambda g: (g * (1 - out * out),))
 
 
+@primitive("sigmoid", kind="elementwise")
 def sigmoid(a):
     a = _t(a)
     # exp(-log(1 + exp(-x))) never overflows, for either sign of x.
@@ -351,6 +366,7 @@ def sigmoid(a):
     return Tensor._from_op(out, (a,), lambda g: (g * out * (1 - out),))
 
 
+@primitive("relu", kind="elementwise")
 def relu(a):
     a = _t(a)
     if a.data.dtype == np.float16:
@@ -396,6 +412,7 @@ def _relu_half(a):
     return Tensor._from_op(out, (a,), backward)
 
 
+@primitive("softmax", FLOAT32, kind="reduction", inputs=("a", "blocked"))
 def softmax(a, axis=-1, blocked=None):
     """Numerically stable softmax (the maximum is subtracted first).
 
@@ -404,7 +421,7 @@ def softmax(a, axis=-1, blocked=None):
     entry ignored gives all zeros (and a zero gradient), never NaN, which is
     what masked attention needs: attention over nothing attends to nothing.
     """
-    (a,) = dispatch.apply(FLOAT32, _t(a))
+    a = _t(a)
     data = a.data if blocked is None else np.where(blocked, -np.inf, a.data)
     peak = data.max(axis=axis, keepdims=True)
     # Shifting a fully ignored slice by 0 (not by -inf) keeps exp() at 0
@@ -420,9 +437,10 @@ def softmax(a, axis=-1, blocked=None):
     return Tensor._from_op(out, (a,), backward)
 
 
+@primitive("log_softmax", FLOAT32, kind="reduction")
 def log_softmax(a, axis=-1):
     """Numerically stable ``log(softmax(a))`` via the log-sum-exp trick."""
-    (a,) = dispatch.apply(FLOAT32, _t(a))
+    a = _t(a)
     shifted = a.data - a.data.max(axis=axis, keepdims=True)
     out = shifted - np.log(np.exp(shifted).sum(axis=axis, keepdims=True))
 
@@ -433,6 +451,21 @@ def log_softmax(a, axis=-1):
 
 
 # --- shapes ------------------------------------------------------------------
+def _resolve_reshape(inputs, attrs):
+    # The tracer sees the target shape as one tuple, however it was passed.
+    shape = attrs["shape"]
+    attrs["shape"] = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else tuple(shape)
+    return attrs
+
+
+def _resolve_transpose(inputs, attrs):
+    axes = attrs["axes"]
+    axes = tuple(axes[0]) if len(axes) == 1 and isinstance(axes[0], (tuple, list)) else tuple(axes)
+    attrs["axes"] = axes or tuple(reversed(range(inputs[0].data.ndim)))
+    return attrs
+
+
+@primitive("reshape", kind="shape", resolve=_resolve_reshape)
 def reshape(a, *shape):
     if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
         shape = tuple(shape[0])
@@ -441,11 +474,13 @@ def reshape(a, *shape):
     return Tensor._from_op(a.data.reshape(shape), (a,), lambda g: (g.reshape(old),))
 
 
+@primitive("flatten", kind="shape")
 def flatten(a, start_axis=1):
     a = _t(a)
     return reshape(a, a.data.shape[:start_axis] + (-1,))
 
 
+@primitive("transpose", kind="shape", resolve=_resolve_transpose)
 def transpose(a, *axes):
     if len(axes) == 1 and isinstance(axes[0], (tuple, list)):
         axes = tuple(axes[0])
@@ -461,6 +496,7 @@ def _is_advanced(index):
     return any(isinstance(i, (list, np.ndarray)) for i in items)
 
 
+@primitive("getitem", kind="indexing")
 def getitem(a, index):
     if isinstance(index, Tensor):
         index = index.data
@@ -480,6 +516,7 @@ def getitem(a, index):
     return Tensor._from_op(np.asarray(out), (a,), backward)
 
 
+@primitive("concatenate", kind="shape", inputs=("*tensors",))
 def concatenate(tensors, axis=0):
     tensors = [_t(t) for t in tensors]
     sizes = [t.data.shape[axis] for t in tensors]
@@ -488,6 +525,7 @@ def concatenate(tensors, axis=0):
     return Tensor._from_op(out, tuple(tensors), lambda g: tuple(np.split(g, bounds, axis=axis)))
 
 
+@primitive("stack", kind="shape", inputs=("*tensors",))
 def stack(tensors, axis=0):
     tensors = [_t(t) for t in tensors]
     out = np.stack([t.data for t in tensors], axis=axis)
@@ -495,6 +533,7 @@ def stack(tensors, axis=0):
     return Tensor._from_op(out, tuple(tensors), lambda g: tuple(np.take(g, i, axis=axis) for i in range(n)))
 
 
+@primitive("where", kind="elementwise", inputs=("condition", "a", "b"))
 def where(condition, a, b):
     cond = condition.data if isinstance(condition, Tensor) else np.asarray(condition)
     cond = cond.astype(bool, copy=False)
@@ -507,6 +546,7 @@ def where(condition, a, b):
     return Tensor._from_op(np.where(cond, a.data, b.data), (a, b), backward)
 
 
+@primitive("astype", kind="cast")
 def astype(a, dtype):
     """Differentiable cast: the gradient comes back in ``a``'s own dtype."""
     a = _t(a)
@@ -526,6 +566,7 @@ def astype(a, dtype):
     return Tensor._from_op(_convert(a.data, dtype), (a,), backward)
 
 
+@primitive("dropout", kind="random")
 def dropout(a, p=0.5, training=True, rng=None):
     """Inverted dropout: zero each element with probability ``p``, scale the rest by 1/(1-p)."""
     a = _t(a)

@@ -1,8 +1,7 @@
 """Loss functions, fused and numerically stable; they run in float32 under autocast."""
 import numpy as np
 
-from everyo import dispatch
-from everyo.dispatch import FLOAT32
+from everyo.dispatch import FLOAT32, primitive
 from everyo.errors import EveryODTypeError, EveryOShapeError
 from everyo.functional import _t
 from everyo.tensor import Tensor
@@ -16,9 +15,9 @@ def _float32_at_least(*tensors):
     The spec's loop computes the loss *after* the autocast block, on float16
     predictions; a float16 log-sum-exp or mean over a batch is exactly where 16
     bits run out of range. The cast is a graph node, so the gradient flowing
-    back into float16 predictions is still float16.
+    back into float16 predictions is still float16. (The op table's FLOAT32
+    category has already routed them through the precision policy.)
     """
-    tensors = dispatch.apply(FLOAT32, *tensors)
     return tuple(t.astype("float32") if t.data.dtype == np.float16 else t for t in tensors)
 
 
@@ -38,6 +37,7 @@ def _same_shape(pred, target, name):
         )
 
 
+@primitive("mse_loss", FLOAT32, kind="loss", inputs=("pred", "target"))
 def mse_loss(pred, target, reduction="mean"):
     """Mean squared error ``mean((pred - target) ** 2)``."""
     pred, target = _float32_at_least(_t(pred), _t(target))
@@ -52,6 +52,7 @@ def mse_loss(pred, target, reduction="mean"):
     return Tensor._from_op(np.asarray(out, dtype=diff.dtype), (pred, target), backward)
 
 
+@primitive("cross_entropy", FLOAT32, kind="loss", inputs=("logits", "targets"))
 def cross_entropy(logits, targets, reduction="mean"):
     """Softmax cross-entropy from raw ``logits`` (N, C) and integer class ``targets`` (N,).
 
@@ -92,6 +93,7 @@ def cross_entropy(logits, targets, reduction="mean"):
     return Tensor._from_op(np.asarray(out, dtype=z.dtype), (logits,), backward)
 
 
+@primitive("binary_cross_entropy_with_logits", FLOAT32, kind="loss", inputs=("logits", "targets"))
 def binary_cross_entropy_with_logits(logits, targets, reduction="mean"):
     """Sigmoid + binary cross-entropy in one stable op:
     ``max(x, 0) - x * y + log1p(exp(-|x|))``."""

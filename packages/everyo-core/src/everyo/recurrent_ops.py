@@ -18,6 +18,7 @@ never overflows in ``exp`` for large negative inputs.
 """
 import numpy as np
 
+from everyo.dispatch import primitive
 from everyo.sequence_ops import multi_output
 
 __all__ = ["rnn_scan", "lstm_scan", "gru_scan"]
@@ -50,6 +51,7 @@ def _dtype(*arrays):
     return np.result_type(*arrays)
 
 
+@primitive("rnn_scan", kind="fused", inputs=("xp", "h0", "w_hh"))
 def rnn_scan(xp, h0, w_hh, nonlinearity="tanh", reverse=False):
     """Elman RNN over time: ``h_t = act(xp_t + h_{t-1} @ W_hh)``.
 
@@ -91,6 +93,7 @@ def rnn_scan(xp, h0, w_hh, nonlinearity="tanh", reverse=False):
     return multi_output([_batch_first(hs), h.copy()], (xp, h0, w_hh), backward)
 
 
+@primitive("lstm_scan", kind="fused", inputs=("xp", "h0", "c0", "w_hh"))
 def lstm_scan(xp, h0, c0, w_hh, reverse=False):
     """LSTM over time, gates in the order input, forget, cell, output (i, f, g, o):
 
@@ -147,6 +150,7 @@ def lstm_scan(xp, h0, c0, w_hh, reverse=False):
     return multi_output([_batch_first(hs), h.copy(), c.copy()], (xp, h0, c0, w_hh), backward)
 
 
+@primitive("gru_scan", kind="fused", inputs=("xp", "h0", "w_hh", "b_hh"))
 def gru_scan(xp, h0, w_hh, b_hh, reverse=False):
     """GRU over time (PyTorch's convention: the reset gate multiplies the
     *projected* state, after ``W_hn`` and ``b_hn``), gates in the order

@@ -7,6 +7,7 @@ Each is one autograd node with a hand-written backward, gradient-checked in
 """
 import numpy as np
 
+from everyo.dispatch import primitive
 from everyo.errors import EveryODTypeError, EveryOIndexError, EveryOShapeError
 from everyo.tensor import Tensor
 
@@ -50,6 +51,17 @@ def _relay(received, i, zero):
     return backward
 
 
+def _resolve_split(inputs, attrs):
+    # Explicit piece sizes and a non-negative axis, as computed in the forward.
+    shape = inputs[0].data.shape
+    axis = attrs["axis"] % len(shape)
+    sections = attrs["sections"]
+    sizes = [shape[axis] // sections] * sections if isinstance(sections, int) else [int(s) for s in sections]
+    attrs.update(axis=axis, sizes=tuple(sizes))
+    return attrs
+
+
+@primitive("split", kind="shape", resolve=_resolve_split)
 def split(x, sections, axis=-1):
     """Split ``x`` along ``axis`` into pieces of the given sizes (or ``sections``
     equal pieces). The backward is one concatenation, not one zero-filled
@@ -75,6 +87,7 @@ def split(x, sections, axis=-1):
     return multi_output(pieces, (x,), backward)
 
 
+@primitive("embedding", kind="indexing", inputs=("indices", "weight"))
 def embedding(indices, weight, padding_idx=None):
     """Rows of ``weight`` (num_embeddings, dim) picked by integer ``indices`` of any shape.
 

@@ -6,7 +6,7 @@ matmul) and :mod:`everyo.conv` (convolution, pooling); they are attached to
 """
 import numpy as np
 
-from everyo import autograd
+from everyo import autograd, dispatch
 
 _FLOAT_DEFAULT = np.float32
 
@@ -89,8 +89,34 @@ class Tensor:
     def numpy(self):
         return self.data
 
+    # --- Python values ---------------------------------------------------
+    # Each conversion tells an active tracer first (dispatch.python_value):
+    # a traced graph cannot follow a value into Python control flow.
     def item(self):
+        """The value of a one-element tensor as a Python number."""
+        dispatch.python_value(self, "item")
         return self.data.item()
+
+    def tolist(self):
+        """The values as (nested) Python lists of Python numbers."""
+        dispatch.python_value(self, "tolist")
+        return self.data.tolist()
+
+    def __bool__(self):
+        dispatch.python_value(self, "bool")
+        return bool(self.data)  # NumPy's ambiguity error for more than one element
+
+    def __int__(self):
+        dispatch.python_value(self, "int")
+        return int(self.data)
+
+    def __float__(self):
+        dispatch.python_value(self, "float")
+        return float(self.data)
+
+    def __index__(self):
+        dispatch.python_value(self, "index")
+        return self.data.__index__()  # integer tensors with one element only, as NumPy
 
     def __array__(self, dtype=None, copy=None):
         return self.data if dtype is None else self.data.astype(dtype)
