@@ -235,34 +235,54 @@ def _blocked_mask(t, node, scores, blocked):
     """The boolean mask as ONNX, built from the graph's shapes where it is a
     causal mask and from the graph's boolean inputs where it is their padding
     mask, so it follows dynamic sequence lengths; anything else is a constant
-    (and refused by the constant check if it varies between the traces)."""
+    (and refused by the constant check if it varies between the traces).
+
+    A mask that *is* a view of an input (a key padding mask alone) is that
+    input. A combination (causal | padding) is a new array, recognised by
+    value; a hypothesis counts only if it holds in both traces, which tells
+    "padding" from "padding and causal" when one trace cannot (a fully
+    padded example)."""
     if blocked.dynamic:
         return t.name(blocked, np.bool_, 1)
+    if any(blocked.array.base is inp.array for inp in t.tracer.inputs):
+        return t.name(blocked, np.bool_, 1)  # the input itself, with axes added (Translator._from_input)
+    other = t.partner_node(node)
+    chosen = None
+    for hypothesis in _mask_hypotheses(t.tracer, scores, blocked):
+        if other is None or hypothesis in _mask_hypotheses(t.partner, other.inputs[0], other.inputs[1]):
+            chosen = hypothesis
+            break
+    if chosen is None:
+        return t.name(blocked, np.bool_, 1)
+    k, with_causal = chosen
+    rank = scores.data.ndim
+    parts = [] if k is None else [t.g.unsqueeze(t.name(t.tracer.inputs[k]), list(range(1, rank - 1)))]
+    if with_causal:
+        parts.append(_causal(t, t.name(scores)))
+    mask = parts[0]
+    for p in parts[1:]:
+        mask = t.g.node("Or", [mask, p])
+    return mask
+
+
+def _mask_hypotheses(tracer, scores, blocked):
+    """``[(input index or None, with_causal)]`` that reproduce ``blocked`` exactly,
+    most specific first."""
     full = np.broadcast_to(blocked.data, scores.shape)
     rank = scores.data.ndim
-    lq, lk = scores.shape[-2:] if rank >= 2 else (1, scores.shape[-1])
+    if rank < 2:
+        return []
+    lq, lk = scores.shape[-2:]
     causal = np.triu(np.ones((lq, lk), dtype=bool), k=1)
-    pads = [inp for inp in t.tracer.inputs
-            if inp.dtype == np.bool_ and inp.data.ndim == 2 and rank >= 3
-            and inp.shape == (scores.shape[0], lk)]
-    candidates = []
-    for inp in pads:
-        spread = inp.data.reshape((inp.shape[0],) + (1,) * (rank - 2) + (lk,))
-        candidates += [(inp, True, spread | causal), (inp, False, spread)]
-    candidates.append((None, True, causal))
-    for inp, with_causal, expected in candidates:
-        if not np.array_equal(full, np.broadcast_to(expected, scores.shape)):
-            continue
-        parts = []
-        if inp is not None:
-            parts.append(t.g.unsqueeze(t.name(inp), list(range(1, rank - 1))))
-        if with_causal:
-            parts.append(_causal(t, t.name(scores)))
-        mask = parts[0]
-        for p in parts[1:]:
-            mask = t.g.node("Or", [mask, p])
-        return mask
-    return t.name(blocked, np.bool_, 1)
+    found = []
+    for k, inp in enumerate(tracer.inputs):
+        if inp.dtype == np.bool_ and inp.data.ndim == 2 and rank >= 3 and inp.shape == (scores.shape[0], lk):
+            spread = inp.data.reshape((inp.shape[0],) + (1,) * (rank - 2) + (lk,))
+            found += [(k, c) for c, expected in ((True, spread | causal), (False, spread))
+                      if np.array_equal(full, np.broadcast_to(expected, scores.shape))]
+    if np.array_equal(full, np.broadcast_to(causal, scores.shape)):
+        found.append((None, True))
+    return found
 
 
 def _causal(t, scores):
