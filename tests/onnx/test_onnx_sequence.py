@@ -215,3 +215,24 @@ def test_sequence_models_at_opset_17_and_the_newest(which, newest_runtime_opset,
         proto = assert_traced_agrees(model, make, tmp_path / "m.onnx", sizes=[(1, 5), (7, 9)],
                                      dynamic_axes=SEQ_AXES, opset=opset)
         assert [o.version for o in proto.opset_import] == [opset]
+
+
+def test_attention_op_at_opset_23_with_causal_and_padding_masks(tmp_path):
+    from everyo.onnx.attention import runtime_runs_attention
+
+    if not runtime_runs_attention(23):
+        pytest.skip("the installed ONNX Runtime does not run Attention-23 (the MatMul/Softmax form is used)")
+
+    def make(batch, length):
+        rng = np.random.default_rng(batch + length)
+        pad = rng.random((batch, length)) < 0.3
+        pad[0] = True  # a sequence of padding only: its rows give zeros, as in core
+        return rng.standard_normal((batch, length, 8)).astype(np.float32), pad
+
+    axes = {"input0": {0: "batch", 1: "seq"}, "input1": {0: "batch", 1: "seq"}}
+    proto = assert_traced_agrees(PaddedEncoder(causal=True), make, tmp_path / "attn.onnx", sizes=SIZES,
+                                 dynamic_axes=axes, opset=23)
+    ops = [n.op_type for n in proto.graph.node]
+    assert ops.count("Attention") == 1 and "Softmax" not in ops and "Exp" not in ops
+    # MatMuls left: the in-projection, the out-projection and the two feed-forward layers.
+    assert ops.count("MatMul") == 4

@@ -176,8 +176,10 @@ def build_model(model, *, input_shape=None, example_input=None, input_names=None
         raise ValueError(f"input and output names must differ, both use {sorted(clash)}")
 
     arrays2 = dynamic.second_example(arrays, axes, input_names)
-    second, outputs2 = _run_trace(model, arrays2, input_names, names,
-                                  "again with the dynamic axes resized (the dynamic-axes check)")
+    second, outputs2 = _run_trace(
+        model, arrays2, input_names, names,
+        f"again with every dynamic axis one larger (the dynamic-axes check; dynamic axes {axes}; an axis "
+        f"that cannot change size must be left out of dynamic_axes)")
     dynamic.same_ops(first, second, arrays, arrays2)
     g = _translate(first, outputs, second, opset, output_names)
     g2 = _translate(second, outputs2, first, opset, output_names)

@@ -9,6 +9,7 @@ rules never guess; anything a rule cannot express exactly is refused with
 """
 import numpy as np
 
+from everyo.onnx import attention
 from everyo.onnx.graph import INT64_MAX, TO_NCHW, TO_NHWC
 
 RULES = {}
@@ -68,7 +69,7 @@ def _leading_slice(t, node, position, value, other):
         return None
     n = value.shape[0]
     axis = other.data.ndim - value.data.ndim
-    is_prefix = (isinstance(base, np.ndarray) and base.shape[1:] == value.shape[1:] and base.shape[0] > n
+    is_prefix = (isinstance(base, np.ndarray) and base.shape[1:] == value.shape[1:] and base.shape[0] >= n
                  and value.array.__array_interface__["data"][0] == base.__array_interface__["data"][0]
                  and value.array.strides == base.strides)
     if not is_prefix or axis < 0 or other.shape[axis] != n:
@@ -125,7 +126,8 @@ def dropout(t, node):
 # --- matmul, linear, convolution and pooling ------------------------------------------
 @rule("matmul")
 def matmul(t, node):
-    t.set(_out(node), t.g.node("MatMul", _operands(t, node)))
+    fused = t.fused.get(id(_out(node)))  # the context of an attention given to ONNX's Attention op
+    t.set(_out(node), fused if fused is not None else t.g.node("MatMul", _operands(t, node)))
 
 
 @rule("linear")
@@ -213,10 +215,11 @@ def softmax(t, node):
     x, blocked = node.inputs
     axis = int(node.attrs.get("axis", -1)) % x.data.ndim
     name = t.name(x, np.float32, 0)
+    mask = None if blocked is None else _blocked_mask(t, node, x, blocked)
+    attention.fuse(t, node, mask)
     if blocked is None:
         t.set(_out(node), t.g.node("Softmax", [name], axis=axis))
         return
-    mask = _blocked_mask(t, node, x, blocked)
     # Core's masked softmax, step for step: blocked entries are -inf; a row
     # with every entry blocked is shifted by 0 (not -inf) and divided by 1, so
     # it gives zeros where ONNX's Softmax would give NaN.
@@ -258,7 +261,11 @@ def _blocked_mask(t, node, scores, blocked):
     rank = scores.data.ndim
     parts = [] if k is None else [t.g.unsqueeze(t.name(t.tracer.inputs[k]), list(range(1, rank - 1)))]
     if with_causal:
-        parts.append(_causal(t, t.name(scores)))
+        # Lengths from the product's operands when scores = a @ b (so a fused
+        # Attention node leaves the product dead), else from scores itself.
+        product = scores.node if scores.node is not None and scores.node.op == "matmul" else None
+        rows, cols = (product.inputs if product is not None else (scores, scores))
+        parts.append(_causal(t, t.name(rows), t.name(cols)))
     mask = parts[0]
     for p in parts[1:]:
         mask = t.g.node("Or", [mask, p])
@@ -285,16 +292,16 @@ def _mask_hypotheses(tracer, scores, blocked):
     return found
 
 
-def _causal(t, scores):
-    """``key > query`` over the last two axes of ``scores``, from its runtime shape."""
+def _causal(t, rows, cols):
+    """``key > query``: True above the diagonal of a (rows[-2], cols[-1]) grid, from runtime shapes."""
     g = t.g
 
-    def positions(axis):
-        n = g.node("Squeeze", [t.dim(scores, axis), g.ints([0], "axes")])
+    def positions(name, axis):
+        n = g.node("Squeeze", [t.dim(name, axis), g.ints([0], "axes")])
         return g.node("Range", [g.scalar(0, np.int64, "start"), n, g.scalar(1, np.int64, "step")])
 
-    q = g.unsqueeze(positions(-2), [1])
-    k = g.unsqueeze(positions(-1), [0])
+    q = g.unsqueeze(positions(rows, -2), [1])
+    k = g.unsqueeze(positions(cols, -1), [0])
     return g.node("Less", [q, k])
 
 

@@ -36,6 +36,7 @@ class Translator:
         self.g = GraphBuilder(opset)
         self.node = None
         self._derived = set()  # constants that are views of a graph input
+        self.fused = {}  # id(Value) -> ONNX name, for a value a fused node computes ahead of its own op
         for value in tracer.inputs:
             self.g.names[id(value)] = self.g.reserve(value.name)
 
