@@ -109,13 +109,37 @@ def test_embedding_is_a_gather_and_keeps_integer_ids(tmp_path):
     assert [n.op_type for n in proto.graph.node] == ["Gather", "Identity"]
 
 
-def test_ops_not_exported_are_exactly_the_losses():
-    # Every primitive has a rule, except the fused losses: an exported graph is
-    # for inference, and a loss inside forward() is refused by name.
+LOSSES = [
+    ("mse_loss", lambda x, y: eo.mse_loss(x, y)),
+    ("mse_loss_sum", lambda x, y: eo.mse_loss(x, y, reduction="sum")),
+    ("binary_cross_entropy_with_logits", lambda x, y: eo.binary_cross_entropy_with_logits(x * 10, y)),
+]
+
+
+@pytest.mark.parametrize("loss", [c[1] for c in LOSSES], ids=[c[0] for c in LOSSES])
+def test_losses_with_targets_as_a_second_input(loss, tmp_path):
+    def make(batch):
+        rng = np.random.default_rng(batch)
+        return rng.standard_normal((batch, 3)).astype(np.float32), (rng.random((batch, 3)) < 0.5).astype(np.float32)
+
+    assert_traced_agrees(Fn(lambda m, x, y: loss(x, y)), make, tmp_path / "loss.onnx", sizes=[(1,), (7,)])
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+def test_cross_entropy_with_integer_targets(reduction, tmp_path):
+    def make(batch, length):
+        rng = np.random.default_rng(batch + length)
+        return rng.standard_normal((batch, length, 5)).astype(np.float32), rng.integers(0, 5, (batch, length))
+
+    model = Fn(lambda m, x, y: eo.cross_entropy(x, y, reduction=reduction))
+    assert_traced_agrees(model, make, tmp_path / "ce.onnx", sizes=[(1, 4), (7, 4), (3, 6)],
+                         dynamic_axes={"input0": {0: "batch", 1: "seq"}, "input1": {0: "batch", 1: "seq"}})
+
+
+def test_every_op_of_the_table_has_a_rule():
     from everyo.onnx.rules import RULES
 
-    missing = sorted(set(dispatch.OPS) - set(RULES))
-    assert missing == sorted(n for n, op in dispatch.OPS.items() if op.kind == "loss"), missing
-    untested = {r for r in RULES if not any(case[0].startswith(r) for case in OPS)}
-    # The scans and embedding have their own tests (test_onnx_sequence.py, above).
-    assert untested == {"rnn_scan", "lstm_scan", "gru_scan", "embedding"}, untested
+    assert sorted(set(dispatch.OPS) - set(RULES)) == []
+    untested = {r for r in RULES if not any(case[0].startswith(r) for case in OPS + LOSSES)}
+    # The scans (test_onnx_sequence.py), embedding and cross_entropy have their own tests above.
+    assert untested == {"rnn_scan", "lstm_scan", "gru_scan", "embedding", "cross_entropy"}, untested

@@ -408,6 +408,7 @@ def embedding(t, node):
     t.set(_out(node), t.g.node("Gather", [t.name(weight, np.float32, 1), t.name(indices)], axis=0))
 
 
-from everyo.onnx import recurrent_rules  # noqa: E402  (the RNN/LSTM/GRU rules register themselves)
+from everyo.onnx import loss_rules, recurrent_rules  # noqa: E402  (their own files, one table)
 
 RULES.update(recurrent_rules.RULES)
+RULES.update(loss_rules.RULES)
