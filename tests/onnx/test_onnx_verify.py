@@ -37,6 +37,7 @@ def test_verify_report_compares_every_intermediate(tmp_path):
     runs = {r["run"] for r in rows}
     assert "optimisations on" in runs and any("input sizes" in r for r in runs)
     assert THIS_FILE in off[1]["line"]
+    assert off[1]["node"].endswith("_tanh_Tanh")
     table = eo.onnx.format_report(rows)
     assert "tanh" in table and "max abs" in table
 

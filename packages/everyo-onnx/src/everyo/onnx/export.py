@@ -8,7 +8,7 @@ the 2 GiB limit and, with ``verify=True``, ONNX Runtime's agreement.
 import numpy as np
 
 import everyo
-from everyo.errors import EveryOError, EveryOSerializationError
+from everyo.errors import EveryOSerializationError
 from everyo.io import atomic_write
 from everyo.nn import Module
 
@@ -258,4 +258,4 @@ def export_onnx(model, path, *, input_shape=None, example_input=None, input_name
     return path
 
 
-__all__ = ["export_onnx", "build_model", "DEFAULT_OPSET", "MIN_OPSET", "EveryOError"]
+__all__ = ["export_onnx", "build_model", "DEFAULT_OPSET", "MIN_OPSET"]

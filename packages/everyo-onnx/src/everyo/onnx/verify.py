@@ -53,8 +53,9 @@ def _intermediates(keep):
 
 
 def report(model_bytes, keep):
-    """The per-value comparison as a list of dicts: value, op, line, run,
-    max_abs, max_rel, ok (graph order; failing rows keep their place)."""
+    """The per-value comparison as a list of dicts: value (the ONNX name),
+    node (the ONNX node computing it), op (the EveryO op), line (the user's
+    source line), run, max_abs, max_rel, ok (graph order)."""
     import onnx
     from onnx import helper
 
@@ -63,6 +64,7 @@ def report(model_bytes, keep):
     ort = import_runtime("verify")
     feeds = dict(zip(keep["input_names"], keep["arrays"]))
     proto = onnx.load_from_string(model_bytes)
+    node_of = {out: n.name for n in proto.graph.node for out in n.output}
     graph_names = {o.name for o in proto.graph.output} | {i.name for i in proto.graph.input}
     rows = [(n, node, data) for n, node, data in _intermediates(keep) if n not in graph_names]
     for name, _, data in rows:
@@ -74,7 +76,7 @@ def report(model_bytes, keep):
         for name, origin, expected, actual in zip(names, origins, arrays, results):
             max_abs, max_rel, ok = _errors(actual, expected) if actual.shape == expected.shape else (
                 float("inf"), float("inf"), False)
-            out.append(dict(value=name, op=origin.op if origin is not None else "output",
+            out.append(dict(value=name, node=node_of.get(name, ""), op=origin.op if origin is not None else "output",
                             line=origin.line if origin is not None else "", run=run,
                             max_abs=max_abs, max_rel=max_rel, ok=ok))
 
@@ -110,10 +112,10 @@ def check_agreement(model_bytes, keep):
 
 def format_report(rows):
     """The report as a text table, one line per compared value."""
-    lines = [f"{'value':<40} {'op':<14} {'max abs':>10} {'max rel':>10}  ok  run"]
+    lines = [f"{'node':<34} {'op':<14} {'max abs':>10} {'max rel':>10}  ok  run"]
     for r in rows:
-        lines.append(f"{r['value'][:40]:<40} {r['op'][:14]:<14} {r['max_abs']:>10.3g} {r['max_rel']:>10.3g}  "
-                     f"{'yes' if r['ok'] else 'NO ':<3} {r['run']}")
+        lines.append(f"{(r['node'] or r['value'])[:34]:<34} {r['op'][:14]:<14} {r['max_abs']:>10.3g} "
+                     f"{r['max_rel']:>10.3g}  {'yes' if r['ok'] else 'NO ':<3} {r['run']}")
     return "\n".join(lines)
 
 
@@ -125,7 +127,9 @@ def verify_onnx(model, path, example_input):
     The model is traced again on ``example_input`` with the file's input and
     output names, opset and dynamic axes, so the file's intermediate values
     can be matched to EveryO's. Nothing is raised for a disagreement: read
-    the ``ok`` column (``format_report(rows)`` prints a table).
+    the ``ok`` column (``format_report(rows)`` prints a table). Rows are the
+    dicts of :func:`report`: ``value``, ``node``, ``op``, ``line``, ``run``,
+    ``max_abs``, ``max_rel``, ``ok``.
 
     Example:
         >>> rows = eo.verify_onnx(model, "model.onnx", batch)
