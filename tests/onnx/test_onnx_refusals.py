@@ -184,8 +184,14 @@ class MaskByComparison(eo.Module):
         return eo.where(x > 0, x, 0.0)  # `x > 0` is computed outside the op table
 
 
+class ThroughData(eo.Module):
+    def forward(self, x):
+        return x + eo.tensor(np.tanh(x.data))  # NumPy on .data: invisible to the trace
+
+
 @pytest.mark.parametrize("cls, fragment", [
     (Looped, "records 5 ops .* but 7"),
+    (ThroughData, "op 'add'.*differs between"),
     (BakedZeros, "op 'add'.*differs between"),
     (TwoBakedSizes, "op 'reshape'.*translates differently"),
     (MaskByComparison, "op 'where'.*differs between"),

@@ -236,3 +236,58 @@ def test_attention_op_at_opset_23_with_causal_and_padding_masks(tmp_path):
     assert ops.count("Attention") == 1 and "Softmax" not in ops and "Exp" not in ops
     # MatMuls left: the in-projection, the out-projection and the two feed-forward layers.
     assert ops.count("MatMul") == 4
+
+
+class SelfAttention(eo.Module):
+    def __init__(self, **kwargs):
+        super().__init__()
+        self.mha = eo.MultiHeadAttention(8, 2, dropout=0.3, seed=0)
+        self.kwargs = kwargs
+
+    def forward(self, x):
+        return self.mha(x, need_weights=True, **self.kwargs)
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"is_causal": True}], ids=["plain", "causal"])
+def test_attention_alone_returning_its_weights(kwargs, tmp_path):
+    # Dropout on the weights is the identity in the exported (inference) graph.
+    proto = assert_traced_agrees(SelfAttention(**kwargs), sequence(8), tmp_path / "mha.onnx", sizes=SIZES,
+                                 dynamic_axes=SEQ_AXES)
+    dims = proto.graph.output[1].type.tensor_type.shape.dim
+    assert [d.dim_param or d.dim_value for d in dims] == ["batch", 2, "seq", "seq"]
+
+
+def test_fixed_attention_mask_constant_at_fixed_length(tmp_path):
+    mask = np.random.default_rng(0).random((5, 5)) < 0.4
+    additive = np.where(np.random.default_rng(1).random((5, 5)) < 0.3, -np.inf, 0.5).astype(np.float32)
+    additive[2] = -np.inf  # a fully masked row: zeros in core, and in the export
+    for attn_mask in (mask, additive):
+        model = SelfAttention(attn_mask=attn_mask)
+        assert_traced_agrees(model, sequence(8), tmp_path / "mask.onnx", sizes=[(1, 5), (7, 5)],
+                             dynamic_axes={"input": {0: "batch"}})
+
+
+def test_positional_encoding_alone_and_embedding_with_padding_idx(tmp_path):
+    assert_traced_agrees(eo.PositionalEncoding(8, max_len=12), sequence(8), tmp_path / "pe.onnx",
+                         sizes=[(1, 5), (7, 12), (2, 1)], dynamic_axes=SEQ_AXES)
+    assert_traced_agrees(eo.Embedding(7, 3, padding_idx=0, seed=0), token_ids(7), tmp_path / "emb.onnx",
+                         sizes=SIZES, dynamic_axes=SEQ_AXES)
+
+
+def test_recurrent_dropout_is_the_identity_in_the_export(tmp_path):
+    layer = eo.LSTM(4, 5, num_layers=3, dropout=0.5, seed=0)
+    assert_traced_agrees(Recurrent(layer), sequence(4), tmp_path / "drop.onnx", sizes=SIZES, dynamic_axes=SEQ_AXES)
+
+
+def test_export_under_autocast_writes_float32(tmp_path):
+    # The trace runs with the precision policy off: the graph is EveryO's float32 model.
+    pytest.importorskip("everyo.amp")
+    model = CausalLM().eval()
+    ids = token_ids(13)(2, 5)
+    path = tmp_path / "lm.onnx"
+    with eo.autocast():
+        eo.export_onnx(model, path, example_input=ids, dynamic_axes=SEQ_AXES, verify=True)
+    proto = onnx.load(str(path))
+    assert {t.data_type for t in proto.graph.initializer} <= {onnx.TensorProto.FLOAT, onnx.TensorProto.INT64}
+    other = token_ids(13)(7, 6)
+    np.testing.assert_allclose(eo.run_onnx(path, other), model(other).data, rtol=0, atol=1e-5)

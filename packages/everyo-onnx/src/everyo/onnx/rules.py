@@ -217,14 +217,14 @@ def softmax(t, node):
     name = t.name(x, np.float32, 0)
     mask = None if blocked is None else _blocked_mask(t, node, x, blocked)
     attention.fuse(t, node, mask)
-    if blocked is None:
+    if blocked is None and not _may_be_all_minus_inf(x):
         t.set(_out(node), t.g.node("Softmax", [name], axis=axis))
         return
     # Core's masked softmax, step for step: blocked entries are -inf; a row
     # with every entry blocked is shifted by 0 (not -inf) and divided by 1, so
     # it gives zeros where ONNX's Softmax would give NaN.
     g = t.g
-    data = g.node("Where", [mask, g.scalar(-np.inf, np.float32, "minus_inf"), name])
+    data = name if mask is None else g.node("Where", [mask, g.scalar(-np.inf, np.float32, "minus_inf"), name])
     peak = g.reduce("ReduceMax", data, [axis], True)
     peak = g.node("Where", [g.node("IsInf", [peak]), g.scalar(0.0, np.float32, "zero"), peak])
     e = g.node("Exp", [g.node("Sub", [data, peak])])
@@ -232,6 +232,17 @@ def softmax(t, node):
     safe = g.node("Where", [g.node("Greater", [total, g.scalar(0.0, np.float32, "zero")]), total,
                             g.scalar(1.0, np.float32, "one")])
     t.set(_out(node), g.node("Div", [e, safe]))
+
+
+def _may_be_all_minus_inf(x):
+    """Whether softmax's input is ``scores + mask`` with a constant mask holding
+    -inf (an additive attention mask), where a fully masked row must give
+    zeros as in core, not ONNX Softmax's NaN."""
+    producer = x.node
+    if producer is None or producer.op not in ("add", "sub"):
+        return False
+    return any(v is not None and v.kind == "const" and v.dtype.kind == "f" and np.isinf(v.data).any()
+               for v in producer.inputs)
 
 
 def _blocked_mask(t, node, scores, blocked):

@@ -23,9 +23,10 @@ def _errors(actual, expected):
     e = np.asarray(expected, np.float64)
     both_nan = np.isnan(a) & np.isnan(e)
     same_inf = np.isinf(e) & (a == e)
-    diff = np.where(both_nan | same_inf, 0.0, np.abs(a - e))
-    diff = np.where(np.isnan(diff), np.inf, diff)
-    rel = diff / np.maximum(np.abs(e), np.finfo(np.float32).tiny)
+    with np.errstate(invalid="ignore", over="ignore"):  # inf - inf where both are the same infinity
+        diff = np.where(both_nan | same_inf, 0.0, np.abs(a - e))
+        diff = np.where(np.isnan(diff), np.inf, diff)
+        rel = diff / np.maximum(np.abs(e), np.finfo(np.float32).tiny)
     ok = bool(np.all((diff <= TOLERANCE) | (rel <= TOLERANCE)))
     return (float(diff.max(initial=0.0)), float(rel.max(initial=0.0)), ok)
 
