@@ -174,6 +174,9 @@ def build_model(model, *, input_shape=None, example_input=None, input_names=None
     clash = set(output_names) & set(input_names)
     if clash:
         raise ValueError(f"input and output names must differ, both use {sorted(clash)}")
+    unknown = sorted(set(axes) - set(input_names) - set(output_names))
+    if unknown:
+        raise ValueError(f"dynamic_axes names {unknown}, which are not inputs {input_names} or outputs {output_names}")
 
     arrays2 = dynamic.second_example(arrays, axes, input_names)
     second, outputs2 = _run_trace(
