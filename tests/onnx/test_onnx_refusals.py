@@ -125,7 +125,15 @@ def test_float64_model_is_refused_with_the_fix(tmp_path):
     refused(model, str(tmp_path / "m.onnx"), re.escape("Linear at model[0]"), "float64", re.escape("model.to('float32')"))
 
 
+def test_float16_weights_and_inputs_are_refused(tmp_path):
+    model = eo.Sequential(eo.Linear(4, 2, seed=0)).to("float16")
+    refused(model, str(tmp_path / "m.onnx"), re.escape("Linear at model[0]"), "float16", re.escape("model.to('float32')"))
+    refused(eo.Sequential(eo.Linear(4, 2, seed=0)), str(tmp_path / "m.onnx"), "example input 0 has dtype float16",
+            input_shape=None, example_input=np.ones((1, 4), np.float16))
+
+
 def test_bfloat16_weights_and_inputs_are_refused(tmp_path):
+    # ml_dtypes comes with everyo-amp (bfloat16 autocast); core and this add-on never import it.
     ml_dtypes = pytest.importorskip("ml_dtypes")
     model = eo.Sequential(eo.Linear(4, 2, seed=0))
     model[0].weight.data = model[0].weight.data.astype(ml_dtypes.bfloat16)
