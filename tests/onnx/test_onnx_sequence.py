@@ -291,3 +291,35 @@ def test_export_under_autocast_writes_float32(tmp_path):
     assert {t.data_type for t in proto.graph.initializer} <= {onnx.TensorProto.FLOAT, onnx.TensorProto.INT64}
     other = token_ids(13)(7, 6)
     np.testing.assert_allclose(eo.run_onnx(path, other), model(other).data, rtol=0, atol=1e-5)
+
+
+class ScanOnComputedProjection(eo.Module):
+    """Calls core's scans directly on a projection that is not a plain linear:
+    the ONNX node then reads xp through an identity input weight."""
+
+    def __init__(self, op):
+        super().__init__()
+        self.op = op
+        gates = {"rnn": 1, "lstm": 4, "gru": 3}[op]
+        rng = np.random.default_rng(0)
+        self.w_ih = eo.Parameter(rng.uniform(-0.5, 0.5, (4, gates * 5)).astype(np.float32))
+        self.w_hh = eo.Parameter(rng.uniform(-0.5, 0.5, (5, gates * 5)).astype(np.float32))
+        self.b_hh = eo.Parameter(rng.uniform(-0.5, 0.5, gates * 5).astype(np.float32))
+
+    def forward(self, x):
+        from everyo import recurrent_ops
+
+        xp = eo.tanh(eo.linear(x, self.w_ih)) * 2.0
+        h0 = x[:, 0, :1] * 0.0 + eo.zeros(5)  # a computed (dynamic) initial state
+        if self.op == "lstm":
+            return recurrent_ops.lstm_scan(xp, h0, h0 + 0.5, self.w_hh, reverse=True)
+        if self.op == "gru":
+            return recurrent_ops.gru_scan(xp, h0, self.w_hh, self.b_hh)
+        return recurrent_ops.rnn_scan(xp, h0, self.w_hh, "tanh")
+
+
+@pytest.mark.parametrize("op", ["rnn", "lstm", "gru"])
+def test_scan_on_a_computed_projection(op, tmp_path):
+    proto = assert_traced_agrees(ScanOnComputedProjection(op), sequence(4), tmp_path / "scan.onnx", sizes=SIZES,
+                                 dynamic_axes=SEQ_AXES)
+    assert [n.op_type for n in proto.graph.node].count(op.upper()) == 1
