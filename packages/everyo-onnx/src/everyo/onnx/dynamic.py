@@ -158,9 +158,17 @@ def same_graph(g, g2, arrays, arrays2):
         if not same:
             origin = g.origins[k] or g2.origins[k]
             where = origin.describe() if origin is not None else f"ONNX node {a.name}"
+            detail = ""
+            for x in a.input:
+                u, v = g.initializers.get(x), g2.initializers.get(x)
+                if u is not None and v is not None and not (u.shape == v.shape and np.array_equal(u, v)):
+                    small = u.size <= 8 and v.size <= 8
+                    detail = (f"; its constant input '{x}' is {u.tolist() if small else u.shape} vs "
+                              f"{v.tolist() if small else v.shape}")
+                    break
             raise EveryOSerializationError(
                 f"cannot export with these dynamic axes: {where} translates differently at input sizes "
-                f"{_sizes_text(arrays, arrays2)} ({a.op_type} node {a.name}): a size taken from x.shape "
+                f"{_sizes_text(arrays, arrays2)} ({a.op_type} node {a.name}{detail}): a size taken from x.shape "
                 f"(or a value computed outside EveryO ops) is baked into it. Use -1 in reshapes or leave that "
                 f"axis out of dynamic_axes. Nothing was written")
     if len(g.nodes) != len(g2.nodes):

@@ -141,13 +141,12 @@ def verify_onnx(model, path, example_input):
     from everyo.onnx.export import build_model
 
     proto = onnx.load(str(path))
-    graph_inputs = {i.name for i in proto.graph.initializer}
-    inputs = [i for i in proto.graph.input if i.name not in graph_inputs]
-    axes = {}
-    for value in list(inputs) + list(proto.graph.output):
-        dims = value.type.tensor_type.shape.dim
-        named = {k: d.dim_param for k, d in enumerate(dims) if d.dim_param}
-        if named and value in inputs:
+    initializers = {i.name for i in proto.graph.initializer}
+    inputs = [i for i in proto.graph.input if i.name not in initializers]
+    axes = {}  # the file's symbolic input dims, so the re-trace builds the same graph
+    for value in inputs:
+        named = {k: d.dim_param for k, d in enumerate(value.type.tensor_type.shape.dim) if d.dim_param}
+        if named:
             axes[value.name] = named
     opset = next(o.version for o in proto.opset_import if o.domain in ("", "ai.onnx"))
     example = example_input if isinstance(example_input, tuple) else (example_input,)
