@@ -1,10 +1,11 @@
 """Check an export against ONNX Runtime, value by value.
 
 Every ONNX value that stands for a value EveryO recorded while tracing is
-compared with it: with ONNX Runtime's graph optimisations off, every such
-intermediate (exposed as an extra graph output); with them on (fused kernels,
-as deployed), the graph's outputs; and the outputs again at the check
-trace's other sizes, which tests the dynamic axes with numbers. A value
+compared with it: with ONNX Runtime's graph optimisations off and on, every
+such intermediate (exposed as an extra graph output); with them on and
+nothing exposed (fused kernels, as deployed), the graph's outputs; and those
+outputs again at the check trace's other sizes, which tests the dynamic axes
+with numbers. A value
 agrees when each element is within 1e-5 absolutely or relatively (float32);
 integers and booleans must be equal.
 """
@@ -84,9 +85,12 @@ def report(model_bytes, keep):
     final = keep["output_names"]
     recorded = [np.asarray(t.data) for t in keep["outputs"]]
     sources = [keep["trace"].values[id(t)].node for t in keep["outputs"]]
-    full = _session(ort, proto.SerializeToString(), optimise=False)
-    compare("optimisations off", [r[0] for r in rows] + final, [r[2] for r in rows] + recorded,
-            [r[1] for r in rows] + sources, full, feeds)
+    exposed = proto.SerializeToString()
+    names, arrays, origins = [r[0] for r in rows] + final, [r[2] for r in rows] + recorded, [r[1] for r in rows] + sources
+    compare("optimisations off", names, arrays, origins, _session(ort, exposed, optimise=False), feeds)
+    # Optimised with every intermediate exposed (ORT still fuses what keeps them), then as deployed.
+    compare("optimisations on, intermediates exposed", names, arrays, origins, _session(ort, exposed, optimise=True),
+            feeds)
     compare("optimisations on", final, recorded, sources, _session(ort, model_bytes, optimise=True), feeds)
     if "arrays2" in keep:
         feeds2 = dict(zip(keep["input_names"], keep["arrays2"]))
