@@ -84,6 +84,16 @@ def test_two_inputs_and_two_outputs(tmp_path):
         assert value.type.tensor_type.shape.dim[0].dim_param == "batch", value.name
 
 
+def test_graph_names_that_clash_with_weight_names(tmp_path):
+    model = eo.Sequential(eo.Linear(3, 2, seed=0))
+    path = tmp_path / "m.onnx"
+    # "0.weight" is the parameter's name, "n1_linear_MatMul" the name the first node would get.
+    eo.export_onnx(model, path, input_shape=(1, 3), input_names=["0.weight"], output_names=["n1_linear_MatMul"],
+                   verify=True)
+    x = np.ones((2, 3), np.float32)
+    np.testing.assert_allclose(eo.run_onnx(path, x), model(eo.tensor(x)).data, atol=1e-6)
+
+
 def test_names_and_singular_keywords(tmp_path):
     path = tmp_path / "m.onnx"
     x = (np.ones((2, 8, 8, 1), np.float32), np.ones((2, 3), np.float32))

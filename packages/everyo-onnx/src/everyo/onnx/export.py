@@ -126,6 +126,8 @@ def _run_trace(model, arrays, input_names, names, when):
 
 def _translate(tracer, outputs, partner, opset, output_names):
     t = Translator(tracer, partner, opset)
+    for name in output_names:  # so that no generated name can take a graph output's name
+        t.g.reserve(name)
     g = t.run(RULES)
     final = [t.name(tracer.values[id(o)]) for o in outputs]
     cancel_transposes(g, final)
