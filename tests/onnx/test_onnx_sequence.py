@@ -323,3 +323,19 @@ def test_scan_on_a_computed_projection(op, tmp_path):
     proto = assert_traced_agrees(ScanOnComputedProjection(op), sequence(4), tmp_path / "scan.onnx", sizes=SIZES,
                                  dynamic_axes=SEQ_AXES)
     assert [n.op_type for n in proto.graph.node].count(op.upper()) == 1
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_transformer_layers_alone(norm_first, tmp_path):
+    encoder = eo.TransformerEncoderLayer(8, 2, dim_feedforward=16, norm_first=norm_first, seed=0)
+    assert_traced_agrees(encoder, sequence(8), tmp_path / "enc.onnx", sizes=SIZES, dynamic_axes=SEQ_AXES)
+
+    def pair(batch, lt, ls):
+        rng = np.random.default_rng(batch + lt + ls)
+        return (rng.standard_normal((batch, lt, 8)).astype(np.float32),
+                rng.standard_normal((batch, ls, 8)).astype(np.float32))
+
+    decoder = eo.TransformerDecoderLayer(8, 2, dim_feedforward=16, norm_first=norm_first, seed=1)
+    axes = {"input0": {0: "batch", 1: "tgt"}, "input1": {0: "batch", 1: "src"}}
+    assert_traced_agrees(decoder, pair, tmp_path / "dec.onnx", sizes=[(1, 4, 5), (7, 4, 5), (2, 6, 3)],
+                         dynamic_axes=axes)
