@@ -45,7 +45,7 @@ RECURRENT = [
 
 
 @pytest.mark.parametrize("factory", [c[1] for c in RECURRENT], ids=[c[0] for c in RECURRENT])
-def test_recurrent_layer_exports_as_one_node_per_layer_and_direction(factory, tmp_path):
+def test_recurrent_layer_exports_as_one_node_per_layer(factory, tmp_path):
     layer = factory()
     proto = assert_traced_agrees(Recurrent(layer), sequence(4), tmp_path / "rnn.onnx", sizes=SIZES,
                                  dynamic_axes=SEQ_AXES)
