@@ -43,7 +43,7 @@ def example_arrays(input_shape, example_input):
         raise ValueError(
             "give exactly one of input_shape=(batch, ...) (a float32 example is made from it) or "
             "example_input= (an array or Tensor, or a tuple of them)"
-            + ("" if input_shape is None else f"; got both"))
+            + ("" if input_shape is None else "; got both"))
     if input_shape is not None:
         shape = _as_shape(input_shape)
         batch_ok = shape is not None and len(shape) >= 2 and (shape[0] is None or shape[0] > 0)

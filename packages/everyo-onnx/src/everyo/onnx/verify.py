@@ -69,7 +69,7 @@ def report(model_bytes, keep):
     node_of = {out: n.name for n in proto.graph.node for out in n.output}
     graph_names = {o.name for o in proto.graph.output} | {i.name for i in proto.graph.input}
     rows = [(n, node, data) for n, node, data in _intermediates(keep) if n not in graph_names]
-    for name, _, data in rows:
+    for name, _, _ in rows:
         proto.graph.output.append(helper.make_empty_tensor_value_info(name))
     out = []
 
