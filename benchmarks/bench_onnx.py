@@ -30,6 +30,12 @@ from harness import blas_info, interleaved, machine_info, median_ratio, print_ta
 from onnx_export import digit_cnn, sequence_models  # noqa: E402  (the examples' models, not copies)
 
 
+def _session(path):
+    options = ort.SessionOptions()
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    return ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+
+
 def per_call(fn, inner):
     def run():
         for _ in range(inner):
@@ -41,8 +47,9 @@ def per_call(fn, inner):
 def main():
     print(machine_info())
     print(f"BLAS: {blas_info()}")
-    print(f"onnxruntime {ort.__version__}, default session options (all graph optimisations, "
-          f"intra-op threads chosen by ORT)\n")
+    print(f"onnxruntime {ort.__version__}, default session options (all graph optimisations, intra-op threads "
+          f"chosen by ORT) except no spin-waiting: ORT's spinning threads would take the cores from the "
+          f"EveryO call interleaved after it (and OpenBLAS's from ORT)\n")
     model = digit_cnn().eval()
     with tempfile.TemporaryDirectory() as folder:
         path = os.path.join(folder, "digits_cnn.onnx")
@@ -54,7 +61,7 @@ def main():
         print_table("Export of the digit CNN", ["step", "median ms"],
                     [[k, statistics.median(v) * 1e3] for k, v in t.items()])
 
-        session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+        session = _session(path)
         rows = []
         for batch, inner in ((1, 200), (256, 10)):
             x = np.random.default_rng(0).random((batch, 8, 8, 1), dtype=np.float32)
@@ -98,7 +105,7 @@ def sequence_benchmarks(folder):
         }, repeats=5, warmup=1)
         export_rows += [[name, k, statistics.median(v) * 1e3] for k, v in t.items()]
         eo.export_onnx(model, path, example_input=example, dynamic_axes=axes)
-        session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+        session = _session(path)
         for batch, inner in ((1, 50), (64, 5)):
             ids = np.random.default_rng(batch).integers(0, digits, size=(batch, length))
 
