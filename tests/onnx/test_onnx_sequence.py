@@ -197,15 +197,21 @@ class Seq2Seq(eo.Module):
         return self.decoder(tgt, self.encoder(src), tgt_is_causal=True)
 
 
-def test_encoder_decoder_stack(tmp_path):
+@pytest.mark.parametrize("opset", [17, 23])
+def test_encoder_decoder_stack(opset, tmp_path):
     def make(batch, ls, lt):
         rng = np.random.default_rng(batch + ls + lt)
         return (rng.standard_normal((batch, ls, 8)).astype(np.float32),
                 rng.standard_normal((batch, lt, 8)).astype(np.float32))
 
     axes = {"input0": {0: "batch", 1: "src"}, "input1": {0: "batch", 1: "tgt"}}
-    assert_traced_agrees(Seq2Seq(), make, tmp_path / "s2s.onnx", sizes=[(1, 5, 4), (7, 5, 4), (3, 2, 6)],
-                         dynamic_axes=axes)
+    proto = assert_traced_agrees(Seq2Seq(), make, tmp_path / "s2s.onnx", sizes=[(1, 5, 4), (7, 5, 4), (3, 2, 6)],
+                                 dynamic_axes=axes, opset=opset)
+    from everyo.onnx.attention import runtime_runs_attention
+
+    # 2 encoder self-attentions, 2 decoder self- and 2 cross-attentions.
+    expected = 6 if opset >= 23 and runtime_runs_attention(opset) else 0
+    assert [n.op_type for n in proto.graph.node].count("Attention") == expected
 
 
 @pytest.mark.parametrize("which", ["17", "newest"])
