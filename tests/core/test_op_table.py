@@ -10,12 +10,15 @@ import numpy as np
 import pytest
 
 import everyo as eo
-from everyo import conv, dispatch, functional, losses, recurrent_ops, sequence_ops
+from everyo import (comparisons, conv, dispatch, elementwise, functional, indexing, losses, recurrent_ops,
+                    reductions, sequence_ops, shape_ops, sorting)
+from everyo import contraction
 from everyo import functional as F
 from everyo.tensor import Tensor
 
-OP_MODULES = (functional, conv, losses, sequence_ops, recurrent_ops)
-HELPERS = {"unbroadcast", "multi_output"}  # public functions that are not ops themselves
+OP_MODULES = (functional, conv, losses, sequence_ops, recurrent_ops, comparisons, reductions, sorting, elementwise,
+              shape_ops, indexing, contraction)
+HELPERS = {"unbroadcast", "multi_output", "gather"}  # public functions that are not ops themselves (gather: an alias)
 
 
 class Recorder:
@@ -68,7 +71,7 @@ def replay(records, feeds):
             spec = next((s for s in op.inputs if s.lstrip("*") == pname), None)
             if spec is not None and spec.startswith("*"):
                 count = len(values) - single
-                arguments[pname] = values[pos:pos + count]
+                arguments[pname] = tuple(values[pos:pos + count])
                 pos += count
             elif spec is not None:
                 arguments[pname] = values[pos]
@@ -201,6 +204,21 @@ def test_policy_gets_each_categorized_op_once_with_its_operands():
     assert isinstance(p.calls[2][1][0], Tensor) and len(p.calls[3][1]) == 1
     assert s.dtype == "float64" and y.dtype == "float32" and z.dtype == "float32" and m.dtype == "float32"
     assert sm.dtype == "float64" and sm.data[0, 0] == 0
+
+
+def test_policy_sees_every_operand_of_variadic_ops():
+    class Log:
+        def __init__(self):
+            self.seen = []
+
+        def cast_inputs(self, category, tensors):
+            self.seen.append((category, tensors))
+            return tensors
+
+    a, b = eo.ones(2, 3), eo.ones(3, 2)
+    with policy(Log()) as p:
+        eo.einsum("ij,jk->ik", a, b)
+    assert p.seen == [(dispatch.LOW_PRECISION, (a, b))]
 
 
 def test_traced_casts_are_recorded_and_feed_the_op():

@@ -24,6 +24,13 @@ from everyo.tensor import Tensor, Parameter, tensor, ones, zeros, randn, arange 
 from everyo import autograd  # noqa: E402
 from everyo.autograd import no_grad, enable_grad, is_grad_enabled, grad  # noqa: E402
 from everyo.functional import *  # noqa: E402,F401,F403
+from everyo.comparisons import *  # noqa: E402,F401,F403
+from everyo.reductions import *  # noqa: E402,F401,F403
+from everyo.sorting import *  # noqa: E402,F401,F403
+from everyo.elementwise import *  # noqa: E402,F401,F403
+from everyo.shape_ops import *  # noqa: E402,F401,F403
+from everyo.indexing import *  # noqa: E402,F401,F403
+from everyo.contraction import einsum  # noqa: E402
 from everyo.conv import conv2d, max_pool2d, avg_pool2d  # noqa: E402
 from everyo.losses import mse_loss, cross_entropy, binary_cross_entropy_with_logits  # noqa: E402
 from everyo.padding import resolve_padding2d  # noqa: E402

@@ -156,14 +156,17 @@ class OpDef:
         self.inputs, self.differentiable = tuple(inputs), bool(differentiable)
         self.forward, self.function, self.resolve = forward, None, resolve
         self.signature = inspect.signature(forward)
-        positional = [p.name for p in self.signature.parameters.values()
-                      if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-        slots = []
+        params = self.signature.parameters
+        positional = [p.name for p in params.values()
+                      if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL)]
+        slots = []  # (parameter, its position or None, "one" | "sequence" | "varargs")
         for spec in self.inputs:
             pname = spec.lstrip("*")
-            if pname not in self.signature.parameters:
+            if pname not in params:
                 raise TypeError(f"primitive {name!r}: operand {pname!r} is not a parameter of {forward.__qualname__}")
-            slots.append((pname, positional.index(pname) if pname in positional else None, spec.startswith("*")))
+            mode = "one" if not spec.startswith("*") else (
+                "varargs" if params[pname].kind is params[pname].VAR_POSITIONAL else "sequence")
+            slots.append((pname, positional.index(pname) if pname in positional else None, mode))
         self._slots = tuple(slots)
 
     def __repr__(self):
@@ -247,26 +250,36 @@ def _cast_operands(op, policy, args, kwargs):
     integer or boolean arrays are left alone."""
     Tensor = _tensor_type()
     args = list(args)
-    places, values = [], []
-    for pname, index, is_sequence in op._slots:
+    places = []
+    for pname, index, mode in op._slots:
+        if mode == "varargs":
+            places.extend((args, i) for i in range(index, len(args)))
+            continue
         if index is not None and index < len(args):
             where, key = args, index
         elif pname in kwargs:
             where, key = kwargs, pname
         else:
             continue
+        if mode == "sequence":  # cast the items of a fresh list, not the caller's
+            where[key] = items = list(where[key])
+            places.extend((items, i) for i in range(len(items)))
+        else:
+            places.append((where, key))
+    found, values = [], []
+    for where, key in places:
         value = where[key]
-        if is_sequence or value is None or _is_python_scalar(value):
+        if value is None or _is_python_scalar(value):
             continue
         if not isinstance(value, Tensor):
             value = np.asarray(value)
             if value.dtype.kind != "f":
                 continue  # masks, indices: not numbers to round; the body takes them as given
             value = Tensor(value)
-        places.append((where, key))
+        found.append((where, key))
         values.append(value)
     if values:
-        for (where, key), value in zip(places, policy.cast_inputs(op.category, tuple(values))):
+        for (where, key), value in zip(found, policy.cast_inputs(op.category, tuple(values))):
             where[key] = value
     return args, kwargs
 
@@ -277,7 +290,7 @@ def _constant(value, like):
     if isinstance(value, Tensor) or value is None:
         return value
     if _is_python_scalar(value) and like is not None:
-        return Tensor(np.asarray(value, dtype=like.data.dtype))
+        return Tensor(np.asarray(value, dtype=np.result_type(like.data.dtype, value)))
     return Tensor(value)
 
 
@@ -308,13 +321,13 @@ def _describe(op, args, kwargs):
     bound.apply_defaults()
     arguments = dict(bound.arguments)
     operand_names = [pname for pname, _, _ in op._slots]
-    given = [arguments[p] for p in operand_names]
+    given = [arguments.get(p, ()) for p in operand_names]
     flat = [t for v in given for t in (v if isinstance(v, (list, tuple)) else (v,))]
     tensors = [t for t in flat if isinstance(t, Tensor)]
     like = next((t for t in tensors if t.data.dtype.kind == "f"), tensors[0] if tensors else None)
     inputs = []
-    for (pname, _, is_sequence), value in zip(op._slots, given):
-        if is_sequence:
+    for (pname, _, mode), value in zip(op._slots, given):
+        if mode != "one":
             inputs.extend(_constant(v, like) for v in value)
         else:
             inputs.append(_constant(value, like))

@@ -7,7 +7,9 @@ category, which routes its operands through the precision policy.
 """
 import numpy as np
 
+from everyo.axes import check_permutation, normalize_axes, normalize_axis
 from everyo.dispatch import FLOAT32, LOW_PRECISION, primitive
+from everyo.errors import EveryOShapeError
 from everyo.casting import convert as _convert
 from everyo.half import Rounded, _float_to_half, _half_to_float, _rounded, _up, takes_rounded
 from everyo.tensor import Tensor
@@ -22,11 +24,13 @@ __all__ = [
 
 
 def _t(x, like=None):
-    """Wrap a non-Tensor operand as a constant (Python scalars stay weakly typed)."""
+    """Wrap a non-Tensor operand as a constant. Python scalars stay weakly
+    typed, as in NumPy: ``float16 * 2.0`` stays float16, but ``int + 2.5``
+    is a float (not ``int + 2``)."""
     if isinstance(x, Tensor):
         return x
     if isinstance(x, (int, float, bool)) and like is not None:
-        return Tensor(np.asarray(x, dtype=like.data.dtype))
+        return Tensor(np.asarray(x, dtype=np.result_type(like.data.dtype, x)))
     return Tensor(x)
 
 
@@ -105,8 +109,12 @@ def neg(a):
 
 @primitive("pow", FLOAT32, kind="elementwise", inputs=("a", "exponent"))
 def pow(a, exponent):
-    """``a ** exponent`` (exponent a number or a Tensor); runs in float32 under autocast."""
-    a = _t(a)
+    """``a ** exponent`` (exponent a number, an array or a Tensor; ``2 ** x``
+    works too); runs in float32 under autocast. The exponent's gradient
+    ``a ** b * log(a)`` is taken as 0 where ``a`` is 0."""
+    if not isinstance(exponent, (int, float)):
+        exponent = _t(exponent)
+    a = _t(a, exponent if isinstance(exponent, Tensor) else None)
     if isinstance(exponent, Tensor):
         out = np.power(a.data, exponent.data)
 
@@ -115,7 +123,9 @@ def pow(a, exponent):
             if a.requires_grad:
                 ga = unbroadcast(g * exponent.data * np.power(a.data, exponent.data - 1), a.data.shape)
             if exponent.requires_grad:
-                gb = unbroadcast(g * out * np.log(a.data), exponent.data.shape)
+                with np.errstate(divide="ignore", invalid="ignore"):
+                    log_a = np.where(a.data == 0, 0, np.log(a.data))
+                gb = unbroadcast(g * out * log_a, exponent.data.shape)
             return ga, gb
 
         return Tensor._from_op(out, (a, exponent), backward)
@@ -232,12 +242,8 @@ def _linear_half(x, weight, bias):
 
 
 # --- reductions -----------------------------------------------------------
-def _axes(axis, ndim):
-    if axis is None:
-        return tuple(range(ndim))
-    if isinstance(axis, int):
-        axis = (axis,)
-    return tuple(sorted(a % ndim for a in axis))
+def _axes(axis, shape, op):
+    return normalize_axes(axis, shape, op)
 
 
 def _expand(g, shape, axes, keepdims):
@@ -249,7 +255,7 @@ def _expand(g, shape, axes, keepdims):
 @primitive("sum", FLOAT32, kind="reduction")
 def sum(a, axis=None, keepdims=False):
     a = _t(a)
-    shape, axes = a.data.shape, _axes(axis, a.data.ndim)
+    shape, axes = a.data.shape, _axes(axis, a.data.shape, "sum")
     out = np.asarray(a.data.sum(axis=axes, keepdims=keepdims))
     return Tensor._from_op(out, (a,), lambda g: (_expand(g, shape, axes, keepdims),))
 
@@ -257,7 +263,7 @@ def sum(a, axis=None, keepdims=False):
 @primitive("mean", FLOAT32, kind="reduction")
 def mean(a, axis=None, keepdims=False):
     a = _t(a)
-    shape, axes = a.data.shape, _axes(axis, a.data.ndim)
+    shape, axes = a.data.shape, _axes(axis, a.data.shape, "mean")
     count = int(np.prod([shape[i] for i in axes])) if axes else 1
     out = np.asarray(a.data.mean(axis=axes, keepdims=keepdims))
     return Tensor._from_op(out, (a,), lambda g: (_expand(g / count, shape, axes, keepdims),))
@@ -268,7 +274,7 @@ def var(a, axis=None, keepdims=False, ddof=0):
     """Variance (``ddof=0``: the biased estimate, like NumPy)."""
     a = _t(a)
     x = a.data
-    shape, axes = x.shape, _axes(axis, x.ndim)
+    shape, axes = x.shape, _axes(axis, x.shape, "var")
     count = int(np.prod([shape[i] for i in axes])) if axes else 1
     centered = x - x.mean(axis=axes, keepdims=True)
     out = np.asarray((centered * centered).sum(axis=axes, keepdims=keepdims) / (count - ddof))
@@ -279,10 +285,10 @@ def var(a, axis=None, keepdims=False, ddof=0):
     return Tensor._from_op(out, (a,), backward)
 
 
-def _extreme(a, axis, keepdims, reducer):
+def _extreme(a, axis, keepdims, reducer, op):
     a = _t(a)
     x = a.data
-    shape, axes = x.shape, _axes(axis, x.ndim)
+    shape, axes = x.shape, _axes(axis, x.shape, op)
     kept = reducer(x, axis=axes, keepdims=True)
     out = kept if keepdims else np.squeeze(kept, axis=axes)
 
@@ -297,12 +303,12 @@ def _extreme(a, axis, keepdims, reducer):
 
 @primitive("max", kind="reduction")
 def max(a, axis=None, keepdims=False):
-    return _extreme(a, axis, keepdims, np.max)
+    return _extreme(a, axis, keepdims, np.max, "max")
 
 
 @primitive("min", kind="reduction")
 def min(a, axis=None, keepdims=False):
-    return _extreme(a, axis, keepdims, np.min)
+    return _extreme(a, axis, keepdims, np.min, "min")
 
 
 # --- elementwise ----------------------------------------------------------
@@ -422,6 +428,7 @@ def softmax(a, axis=-1, blocked=None):
     what masked attention needs: attention over nothing attends to nothing.
     """
     a = _t(a)
+    axis = normalize_axis(axis, a.data.shape, "softmax")
     data = a.data if blocked is None else np.where(blocked, -np.inf, a.data)
     peak = data.max(axis=axis, keepdims=True)
     # Shifting a fully ignored slice by 0 (not by -inf) keeps exp() at 0
@@ -441,6 +448,7 @@ def softmax(a, axis=-1, blocked=None):
 def log_softmax(a, axis=-1):
     """Numerically stable ``log(softmax(a))`` via the log-sum-exp trick."""
     a = _t(a)
+    axis = normalize_axis(axis, a.data.shape, "log_softmax")
     shifted = a.data - a.data.max(axis=axis, keepdims=True)
     out = shifted - np.log(np.exp(shifted).sum(axis=axis, keepdims=True))
 
@@ -461,7 +469,8 @@ def _resolve_reshape(inputs, attrs):
 def _resolve_transpose(inputs, attrs):
     axes = attrs["axes"]
     axes = tuple(axes[0]) if len(axes) == 1 and isinstance(axes[0], (tuple, list)) else tuple(axes)
-    attrs["axes"] = axes or tuple(reversed(range(inputs[0].data.ndim)))
+    shape = inputs[0].data.shape
+    attrs["axes"] = check_permutation(axes, shape, "transpose") if axes else tuple(reversed(range(len(shape))))
     return attrs
 
 
@@ -471,12 +480,18 @@ def reshape(a, *shape):
         shape = tuple(shape[0])
     a = _t(a)
     old = a.data.shape
-    return Tensor._from_op(a.data.reshape(shape), (a,), lambda g: (g.reshape(old),))
+    try:
+        out = a.data.reshape(shape)
+    except (ValueError, TypeError) as exc:
+        raise EveryOShapeError(f"reshape: cannot reshape a tensor of shape {old} ({a.data.size} elements) "
+                               f"to {shape}: {exc}") from None
+    return Tensor._from_op(out, (a,), lambda g: (g.reshape(old),))
 
 
 @primitive("flatten", kind="shape")
 def flatten(a, start_axis=1):
     a = _t(a)
+    start_axis = normalize_axis(start_axis, a.data.shape, "flatten")
     return reshape(a, a.data.shape[:start_axis] + (-1,))
 
 
@@ -487,6 +502,8 @@ def transpose(a, *axes):
     a = _t(a)
     if not axes:
         axes = tuple(reversed(range(a.data.ndim)))
+    else:
+        axes = check_permutation(axes, a.data.shape, "transpose")
     inverse = tuple(np.argsort(axes))
     return Tensor._from_op(a.data.transpose(axes), (a,), lambda g: (g.transpose(inverse),))
 
@@ -516,9 +533,29 @@ def getitem(a, index):
     return Tensor._from_op(np.asarray(out), (a,), backward)
 
 
+def _check_joinable(tensors, axis, op):
+    """The axis, normalised, once the tensors are known to fit together:
+    same rank, and the same shape except along ``axis`` (``concatenate``) or
+    everywhere (``stack``, whose axis may also be one past the last)."""
+    if not tensors:
+        raise EveryOShapeError(f"{op}: needs at least one tensor, got an empty sequence")
+    first = tensors[0].data.shape
+    axis = normalize_axis(axis, first, op, extra=1 if op == "stack" else 0)
+    for i, t in enumerate(tensors[1:], 1):
+        shape = t.data.shape
+        ok = shape == first if op == "stack" else (
+            len(shape) == len(first) and all(a == b for k, (a, b) in enumerate(zip(shape, first)) if k != axis))
+        if not ok:
+            rule = "the same shape" if op == "stack" else f"the same shape except along axis {axis}"
+            raise EveryOShapeError(f"{op}: tensor {i} has shape {shape} but tensor 0 has shape {first}; "
+                                   f"they need {rule}")
+    return axis
+
+
 @primitive("concatenate", kind="shape", inputs=("*tensors",))
 def concatenate(tensors, axis=0):
     tensors = [_t(t) for t in tensors]
+    axis = _check_joinable(tensors, axis, "concatenate")
     sizes = [t.data.shape[axis] for t in tensors]
     out = np.concatenate([t.data for t in tensors], axis=axis)
     bounds = np.cumsum(sizes)[:-1]
@@ -528,6 +565,7 @@ def concatenate(tensors, axis=0):
 @primitive("stack", kind="shape", inputs=("*tensors",))
 def stack(tensors, axis=0):
     tensors = [_t(t) for t in tensors]
+    axis = _check_joinable(tensors, axis, "stack")
     out = np.stack([t.data for t in tensors], axis=axis)
     n = len(tensors)
     return Tensor._from_op(out, tuple(tensors), lambda g: tuple(np.take(g, i, axis=axis) for i in range(n)))
@@ -584,10 +622,6 @@ def _reflect(fn):
     return lambda self, other: fn(other, self)
 
 
-def _cmp(op):
-    return lambda self, other: Tensor(op(self.data, other.data if isinstance(other, Tensor) else other))
-
-
 Tensor.__add__ = add
 Tensor.__radd__ = _reflect(add)
 Tensor.__sub__ = sub
@@ -598,13 +632,10 @@ Tensor.__truediv__ = div
 Tensor.__rtruediv__ = _reflect(div)
 Tensor.__neg__ = neg
 Tensor.__pow__ = pow
+Tensor.__rpow__ = _reflect(pow)
 Tensor.__matmul__ = matmul
 Tensor.__rmatmul__ = _reflect(matmul)
 Tensor.__getitem__ = getitem
-Tensor.__gt__ = _cmp(np.greater)
-Tensor.__ge__ = _cmp(np.greater_equal)
-Tensor.__lt__ = _cmp(np.less)
-Tensor.__le__ = _cmp(np.less_equal)
 for _name in ("sum", "mean", "max", "min", "var", "exp", "log", "sqrt", "abs", "clip",
               "tanh", "sigmoid", "relu", "reshape", "transpose", "flatten", "astype"):
     setattr(Tensor, _name, globals()[_name])

@@ -7,6 +7,7 @@ Each is one autograd node with a hand-written backward, gradient-checked in
 """
 import numpy as np
 
+from everyo.axes import normalize_axis
 from everyo.dispatch import primitive
 from everyo.errors import EveryODTypeError, EveryOIndexError, EveryOShapeError
 from everyo.tensor import Tensor
@@ -54,7 +55,7 @@ def _relay(received, i, zero):
 def _resolve_split(inputs, attrs):
     # Explicit piece sizes and a non-negative axis, as computed in the forward.
     shape = inputs[0].data.shape
-    axis = attrs["axis"] % len(shape)
+    axis = normalize_axis(attrs["axis"], shape, "split")
     sections = attrs["sections"]
     sizes = [shape[axis] // sections] * sections if isinstance(sections, int) else [int(s) for s in sections]
     attrs.update(axis=axis, sizes=tuple(sizes))
@@ -67,7 +68,7 @@ def split(x, sections, axis=-1):
     equal pieces). The backward is one concatenation, not one zero-filled
     full-size array per piece as slicing would cost."""
     data = x.data
-    axis = axis % data.ndim
+    axis = normalize_axis(axis, data.shape, "split")
     n = data.shape[axis]
     if isinstance(sections, int):
         if n % sections:

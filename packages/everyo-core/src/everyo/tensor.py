@@ -30,6 +30,9 @@ class Tensor:
     __slots__ = ("data", "grad", "requires_grad", "_parents", "_backward", "_retain", "_hooks", "_post_hooks",
                  "__weakref__")
     __array_priority__ = 1000  # ndarray (op) Tensor defers to Tensor's reflected op
+    # Comparisons are elementwise (everyo.comparisons), hashing stays by
+    # identity: tensors remain usable as dict keys and set members.
+    __hash__ = object.__hash__
 
     def __init__(self, data, requires_grad=False, dtype=None):
         self.data = _to_array(data, dtype)
@@ -64,8 +67,10 @@ class Tensor:
     # --- properties ----------------------------------------------------
     @property
     def dtype(self):
-        """The dtype's name, e.g. ``'float32'``."""
-        return self.data.dtype.name
+        """The ``numpy.dtype`` of the values. It compares equal to its name
+        and to the scalar type: ``t.dtype == 'float32'`` and
+        ``t.dtype == np.float32`` both hold; ``str(t.dtype)`` is the name."""
+        return self.data.dtype
 
     @property
     def shape(self):
@@ -165,7 +170,18 @@ class Tensor:
         return self
 
     def detach(self):
+        """The same values (sharing memory) outside the graph: no gradient flows through it."""
         return Tensor(self.data)
+
+    def requires_grad_(self, requires_grad=True):
+        """Switch gradient recording for this leaf on or off, in place; returns ``self``."""
+        if not self.is_leaf:
+            raise RuntimeError("requires_grad_: only leaf tensors can change requires_grad; "
+                               "use .detach() to make a leaf from a computed tensor")
+        if requires_grad and not np.issubdtype(self.data.dtype, np.floating):
+            raise TypeError(f"only floating-point tensors can require grad, got {self.data.dtype}")
+        self.requires_grad = bool(requires_grad)
+        return self
 
     def zero_grad(self):
         self.grad = None

@@ -1,0 +1,84 @@
+"""Axis arguments, checked once for every op that takes one.
+
+NumPy's rule: an axis ``a`` of a rank-``n`` tensor is valid when
+``-n <= a < n`` (negative axes count from the end); a tuple of axes may not
+repeat one. Taking the axis modulo the rank instead (what 0.1 did) turns
+``x.sum(axis=2)`` on a matrix into a silent sum over axis 0.
+
+Errors are :class:`~everyo.errors.EveryOShapeError` naming the op, the axis,
+the rank and the shape.
+"""
+from numpy.exceptions import AxisError
+from numpy.lib.array_utils import normalize_axis_tuple
+
+from everyo.errors import EveryOShapeError
+
+__all__ = ["normalize_axis", "normalize_axes", "check_permutation"]
+
+
+def _out_of_range(op, axis, shape, ndim):
+    if ndim != len(shape):  # an op that adds axes (stack, expand_dims)
+        return EveryOShapeError(f"{op}: axis {axis} is out of range for the rank-{ndim} result "
+                                f"(input shape {tuple(shape)}); valid axes are {-ndim}..{ndim - 1}")
+    return EveryOShapeError(
+        f"{op}: axis {axis} is out of range for a tensor of rank {ndim} (shape {tuple(shape)}); "
+        f"valid axes are {-ndim}..{ndim - 1}" if ndim else
+        f"{op}: axis {axis} given for a 0-d tensor (shape ()), which has no axes; pass axis=None"
+    )
+
+
+def normalize_axis(axis, shape, op, *, extra=0):
+    """``axis`` as a non-negative int, checked against ``len(shape) + extra``
+    (``extra=1`` for ops that insert an axis, like ``stack``).
+
+    Example:
+        >>> normalize_axis(-1, (2, 3), "softmax")
+        1
+    """
+    ndim = len(shape) + extra
+    if type(axis) is int and -ndim <= axis < ndim:  # the common case, without NumPy's overhead
+        return axis + ndim if axis < 0 else axis
+    try:
+        (result,) = normalize_axis_tuple(axis, ndim)
+    except AxisError:
+        raise _out_of_range(op, axis, shape, ndim) from None
+    except (TypeError, ValueError):
+        raise TypeError(f"{op}: axis must be an integer, got {axis!r}") from None
+    return result
+
+
+def normalize_axes(axis, shape, op):
+    """``axis`` (None, an int or a sequence of ints) as a sorted tuple of
+    non-negative axes; None means every axis.
+
+    Example:
+        >>> normalize_axes((-1, 0), (2, 3, 4), "sum")
+        (0, 2)
+    """
+    ndim = len(shape)
+    if axis is None:
+        return tuple(range(ndim))
+    if type(axis) is int and -ndim <= axis < ndim:
+        return (axis + ndim if axis < 0 else axis,)
+    try:
+        axes = normalize_axis_tuple(axis, ndim)
+    except AxisError:
+        raise _out_of_range(op, axis, shape, ndim) from None
+    except ValueError:
+        raise EveryOShapeError(f"{op}: axis {axis} repeats an axis (shape {tuple(shape)})") from None
+    except TypeError:
+        raise TypeError(f"{op}: axis must be None, an integer or a tuple of integers, got {axis!r}") from None
+    return tuple(sorted(axes))
+
+
+def check_permutation(axes, shape, op):
+    """``axes`` as a tuple that permutes every axis of ``shape`` exactly once."""
+    ndim = len(shape)
+    if len(axes) != ndim:
+        raise EveryOShapeError(
+            f"{op}: axes {tuple(axes)} must list each of the {ndim} axes of shape {tuple(shape)} once"
+        )
+    normalized = tuple(normalize_axis(a, shape, op) for a in axes)
+    if len(set(normalized)) != ndim:
+        raise EveryOShapeError(f"{op}: axes {tuple(axes)} repeat an axis (shape {tuple(shape)})")
+    return normalized

@@ -1,0 +1,63 @@
+"""More elementwise ops: ``maximum``, ``minimum`` (of two tensors), ``sin``, ``cos``."""
+import numpy as np
+
+from everyo.dispatch import primitive
+from everyo.functional import _operands, _t, unbroadcast
+from everyo.tensor import Tensor
+
+__all__ = ["maximum", "minimum", "sin", "cos"]
+
+
+def _pick(a, b, ufunc, wins):
+    a, b = _operands(a, b)
+    x, y = a.data, b.data
+    out = ufunc(x, y)
+
+    def backward(g):
+        # Ties split the gradient equally (as max over an axis does), so the
+        # two shares always add up to g.
+        win = wins(x, y)
+        tie = np.where(x == y, 0.5, 0.0)
+        share_a = np.where(win, 1.0, tie).astype(g.dtype, copy=False)
+        ga = unbroadcast(g * share_a, x.shape) if a.requires_grad else None
+        gb = unbroadcast(g * (1 - share_a), y.shape) if b.requires_grad else None
+        return ga, gb
+
+    return Tensor._from_op(out, (a, b), backward)
+
+
+@primitive("maximum", kind="elementwise", inputs=("a", "b"))
+def maximum(a, b):
+    """Elementwise larger of ``a`` and ``b`` (broadcasting; NaN propagates).
+
+    Example:
+        >>> eo.maximum(eo.tensor([1.0, 4.0]), 2.0).tolist()
+        [2.0, 4.0]
+    """
+    return _pick(a, b, np.maximum, np.greater)
+
+
+@primitive("minimum", kind="elementwise", inputs=("a", "b"))
+def minimum(a, b):
+    """Elementwise smaller of ``a`` and ``b`` (broadcasting; NaN propagates)."""
+    return _pick(a, b, np.minimum, np.less)
+
+
+@primitive("sin", kind="elementwise")
+def sin(a):
+    """Elementwise sine (radians)."""
+    a = _t(a)
+    x = a.data
+    return Tensor._from_op(np.sin(x), (a,), lambda g: (g * np.cos(x),))
+
+
+@primitive("cos", kind="elementwise")
+def cos(a):
+    """Elementwise cosine (radians)."""
+    a = _t(a)
+    x = a.data
+    return Tensor._from_op(np.cos(x), (a,), lambda g: (-g * np.sin(x),))
+
+
+for _name in __all__:
+    setattr(Tensor, _name, globals()[_name])
