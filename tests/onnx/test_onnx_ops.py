@@ -88,6 +88,44 @@ OPS = [
     ("getitem_ellipsis_none", lambda m, x: x[..., None, 1], floats(3, 4), {}),
     ("getitem_negative_step", lambda m, x: x[:, ::-1], floats(3, 4), {}),
     ("split", lambda m, x: tuple(split(x, [1, 3], axis=-1)), floats(3, 4), {}),
+    ("equal", lambda m, x: eo.where(eo.equal(eo.relu(x), 0.0), x, -x), floats(3, 4), {}),
+    ("not_equal", lambda m, x: eo.astype(eo.not_equal(eo.relu(x), 0.0), "float32"), floats(3, 4), {}),
+    ("less", lambda m, x: eo.where(x < 0.5, x, 0.0), floats(3, 4), {}),
+    ("less_equal", lambda m, x: eo.where(x <= m.w, x, 1.0), floats(3, 4), {"w": np.zeros(4, np.float32)}),
+    ("greater", lambda m, x: eo.where(x > 0, x, 0.0), floats(3, 4), {}),
+    ("greater_equal", lambda m, x: eo.where(x >= x[:, :1], x, 2.0), floats(3, 4), {}),
+    ("maximum", lambda m, x: eo.maximum(x, m.w), floats(3, 4), {"w": np.zeros(4, np.float32)}),
+    ("minimum", lambda m, x: eo.minimum(x, 0.25), floats(3, 4), {}),
+    ("sin", lambda m, x: eo.sin(x), floats(3, 4), {}),
+    ("cos", lambda m, x: eo.cos(x), floats(3, 4), {}),
+    ("squeeze", lambda m, x: eo.squeeze(x[:, :1], axis=1), floats(3, 4), {}),
+    ("expand_dims", lambda m, x: eo.expand_dims(x, (1, -1)), floats(3, 4), {}),
+    ("moveaxis", lambda m, x: eo.moveaxis(x, 0, -1), floats(3, 4), {}),
+    ("clone", lambda m, x: eo.clone(x) * 2, floats(3, 4), {}),
+    ("take_along_axis", lambda m, x: eo.take_along_axis(x, eo.argmax(x, axis=2, keepdims=True), axis=2),
+     floats(3, 4), {}),
+    ("take_along_axis_broadcast", lambda m, x: eo.take_along_axis(x, np.array([[[3, 0]]]), axis=2), floats(3, 4), {}),
+    ("masked_fill", lambda m, x: eo.masked_fill(x, x < 0, -1.0), floats(3, 4), {}),
+    ("one_hot", lambda m, x: eo.one_hot(eo.argmin(x, axis=-1), 4), floats(3, 4), {}),
+    ("sort", lambda m, x: eo.sort(x, axis=-1), floats(3, 4), {}),
+    ("sort_descending", lambda m, x: eo.sort(x, axis=1, descending=True), floats(3, 4), {}),
+    ("topk", lambda m, x: eo.topk(x, 2), floats(3, 4), {}),
+    ("topk_smallest", lambda m, x: eo.topk(x, 1, axis=1, largest=False), floats(3, 4), {}),
+    ("einsum", lambda m, x: eo.einsum("bij,jk->bik", x, m.w), floats(3, 6), {"w": W}),
+    ("einsum_implicit", lambda m, x: eo.einsum("bij,bkj", x, x), floats(3, 4), {}),
+    ("argmax", lambda m, x: eo.argmax(x, axis=1), floats(3, 4), {}),
+    ("argmax_keepdims", lambda m, x: eo.argmax(x, axis=-1, keepdims=True), floats(3, 4), {}),
+    ("argmin", lambda m, x: eo.argmin(x, axis=2), floats(3, 4), {}),
+    ("cumsum", lambda m, x: eo.cumsum(x, axis=1), floats(3, 4), {}),
+    ("prod", lambda m, x: eo.prod(x, axis=(1, 2)), floats(3, 4), {}),
+    ("std", lambda m, x: eo.std(x, axis=-1), floats(3, 4), {}),
+    ("std_ddof", lambda m, x: eo.std(x, axis=1, keepdims=True, ddof=1), floats(3, 4), {}),
+    ("logsumexp", lambda m, x: eo.logsumexp(x * 50, axis=-1), floats(3, 4), {}),
+    ("logsumexp_minus_inf", lambda m, x: eo.logsumexp(eo.where(np.array([True, True, False, False]), x, -np.inf),
+                                                      axis=1, keepdims=True), floats(3, 4), {}),
+    ("norm", lambda m, x: eo.norm(x, axis=-1), floats(3, 4), {}),
+    ("norm_1_inf_3", lambda m, x: eo.stack([eo.norm(x, 1, axis=1), eo.norm(x, np.inf, axis=1), eo.norm(x, 3, axis=1)]),
+     floats(3, 4), {}),
     ("conv2d", lambda m, x: eo.conv2d(x, m.k, m.b, stride=(2, 1), padding="same"), floats(5, 6, 2),
      {"k": RNG.standard_normal((3, 2, 2, 3)).astype(np.float32), "b": np.ones(3, np.float32)}),
     ("max_pool2d", lambda m, x: eo.max_pool2d(x, 3, stride=2, padding="same"), floats(5, 6, 2), {}),
@@ -143,3 +181,8 @@ def test_every_op_of_the_table_has_a_rule():
     untested = {r for r in RULES if not any(case[0].startswith(r) for case in OPS + LOSSES)}
     # The scans (test_onnx_sequence.py), embedding and cross_entropy have their own tests above.
     assert untested == {"rnn_scan", "lstm_scan", "gru_scan", "embedding", "cross_entropy"}, untested
+
+
+def test_argmax_over_the_flattened_tensor_and_cumsum_without_axis(tmp_path):
+    model = Fn(lambda m, x: (eo.argmax(x), eo.argmax(x, keepdims=True), eo.cumsum(x)))
+    assert_traced_agrees(model, floats(3, 4), tmp_path / "flat.onnx", sizes=[(2,)], dynamic_axes={})

@@ -419,7 +419,8 @@ def embedding(t, node):
     t.set(_out(node), t.g.node("Gather", [t.name(weight, np.float32, 1), t.name(indices)], axis=0))
 
 
-from everyo.onnx import loss_rules, recurrent_rules  # noqa: E402  (their own files, one table)
+from everyo.onnx import indexing_rules, loss_rules, recurrent_rules, reduction_rules  # noqa: E402
 
-RULES.update(recurrent_rules.RULES)
-RULES.update(loss_rules.RULES)
+# Their own files for size; one table.
+for _more in (recurrent_rules, loss_rules, reduction_rules, indexing_rules):
+    RULES.update(_more.RULES)
