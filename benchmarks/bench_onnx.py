@@ -1,5 +1,7 @@
 """ONNX export time, and ONNX Runtime inference against EveryO's forward pass
-for the digit CNN of examples/onnx_export.py at batch 1 and 256.
+for the digit CNN of examples/onnx_export.py at batch 1 and 256, and for the
+LSTM and the transformer of examples/sequence.py at batch 1 and 64 (exported
+with dynamic batch and sequence axes, as the example does).
 
     python benchmarks/bench_onnx.py        (or: hatch run bench:run benchmarks/bench_onnx.py)
 
@@ -25,7 +27,13 @@ sys.path.insert(0, str(ROOT / "examples"))
 import everyo as eo  # noqa: E402
 from everyo.onnx import build_model  # noqa: E402
 from harness import blas_info, interleaved, machine_info, median_ratio, print_table  # noqa: E402
-from onnx_export import digit_cnn  # noqa: E402  (the example's model, not a copy)
+from onnx_export import digit_cnn, sequence_models  # noqa: E402  (the examples' models, not copies)
+
+
+def _session(path):
+    options = ort.SessionOptions()
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    return ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
 
 
 def per_call(fn, inner):
@@ -39,8 +47,9 @@ def per_call(fn, inner):
 def main():
     print(machine_info())
     print(f"BLAS: {blas_info()}")
-    print(f"onnxruntime {ort.__version__}, default session options (all graph optimisations, "
-          f"intra-op threads chosen by ORT)\n")
+    print(f"onnxruntime {ort.__version__}, default session options (all graph optimisations, intra-op threads "
+          f"chosen by ORT) except no spin-waiting: ORT's spinning threads would take the cores from the "
+          f"EveryO call interleaved after it (and OpenBLAS's from ORT)\n")
     model = digit_cnn().eval()
     with tempfile.TemporaryDirectory() as folder:
         path = os.path.join(folder, "digits_cnn.onnx")
@@ -52,7 +61,7 @@ def main():
         print_table("Export of the digit CNN", ["step", "median ms"],
                     [[k, statistics.median(v) * 1e3] for k, v in t.items()])
 
-        session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+        session = _session(path)
         rows = []
         for batch, inner in ((1, 200), (256, 10)):
             x = np.random.default_rng(0).random((batch, 8, 8, 1), dtype=np.float32)
@@ -76,6 +85,46 @@ def main():
             rows.append([batch, round(us["everyo"]), round(us["ort"]), median_ratio(t["everyo"], t["ort"]), round(us["run_onnx"])])
         print_table("Digit CNN inference (eval mode), microseconds per call",
                     ["batch", "EveryO forward us", "ORT session.run us", "EveryO / ORT", "run_onnx us"], rows)
+        sequence_benchmarks(folder)
+
+
+def sequence_benchmarks(folder):
+    seq = sequence_models()
+    digits, length = seq["DIGITS"], seq["LENGTH"]
+    axes = {"input": {0: "batch", 1: "seq"}}
+    example = np.random.default_rng(0).integers(0, digits, size=(2, length - 1))
+    models = {"LSTM (DigitSum)": seq["DigitSum"]().eval(), "Transformer (Reverser)": seq["Reverser"]().eval()}
+    export_rows, rows = [], []
+    for name, model in models.items():
+        path = os.path.join(folder, "seq.onnx")
+        t = interleaved({
+            "build_model": lambda: build_model(model, example_input=example, dynamic_axes=axes),
+            "export_onnx": lambda: eo.export_onnx(model, path, example_input=example, dynamic_axes=axes),
+            "export_onnx(verify=True)": lambda: eo.export_onnx(model, path, example_input=example,
+                                                               dynamic_axes=axes, verify=True),
+        }, repeats=5, warmup=1)
+        export_rows += [[name, k, statistics.median(v) * 1e3] for k, v in t.items()]
+        eo.export_onnx(model, path, example_input=example, dynamic_axes=axes)
+        session = _session(path)
+        for batch, inner in ((1, 50), (64, 5)):
+            ids = np.random.default_rng(batch).integers(0, digits, size=(batch, length))
+
+            def everyo_forward():
+                with eo.no_grad():
+                    return model(ids).data
+
+            def ort_run():
+                return session.run(None, {"input": ids})[0]
+
+            assert np.abs(everyo_forward() - ort_run()).max() < 1e-5
+            t = interleaved({"everyo": per_call(everyo_forward, inner), "ort": per_call(ort_run, inner)},
+                            repeats=7, warmup=1)
+            us = {k: statistics.median(v) / inner * 1e6 for k, v in t.items()}
+            rows.append([name, batch, round(us["everyo"]), round(us["ort"]), median_ratio(t["everyo"], t["ort"])])
+    print_table("Export of the sequence models (dynamic batch and sequence)", ["model", "step", "median ms"],
+                export_rows)
+    print_table(f"Sequence model inference (eval mode, length {length}), microseconds per call",
+                ["model", "batch", "EveryO forward us", "ORT session.run us", "EveryO / ORT"], rows)
 
 
 if __name__ == "__main__":

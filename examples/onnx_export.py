@@ -1,10 +1,14 @@
 """Train a small CNN on real handwritten digits, export it to ONNX, and check
-that ONNX Runtime gives the same answers as EveryO.
+that ONNX Runtime gives the same answers as EveryO; then do the same for the
+LSTM and the transformer of examples/sequence.py, exported with dynamic batch
+and sequence axes and checked at other sizes than the traced one.
 
     python examples/onnx_export.py [path.onnx]
 
 The data is scikit-learn's bundled 8x8 digits (1797 images, no download).
 """
+import ast
+import os
 import sys
 import time
 
@@ -82,6 +86,71 @@ def main():
           f"batch-1 runs differ by at most {np.abs(single - expected[:5]).max():.2g})")
     print(f"Predictions matching: {same} of {len(test_x)}")
     if same != len(test_x) or diff > 1e-4:
+        sys.exit("ONNX Runtime disagrees with EveryO")
+    export_sequence_models(path)
+
+
+def sequence_models():
+    """DigitSum (LSTM) and Reverser (transformer) from examples/sequence.py.
+
+    That script trains at import time, so only its constants and class
+    definitions are taken from it (one definition of each model, not a copy).
+    """
+    source = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sequence.py")
+    tree = ast.parse(open(source).read(), source)
+    keep = [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom, ast.ClassDef))
+            or (isinstance(n, ast.Assign) and all(isinstance(t, (ast.Name, ast.Tuple)) for t in n.targets)
+                and isinstance(n.value, (ast.Constant, ast.Tuple)))]
+    namespace = {}
+    exec(compile(ast.Module(body=keep, type_ignores=[]), source, "exec"), namespace)
+    return namespace
+
+
+def fit_briefly(model, target_of, digits, length, steps, lr):
+    rng = np.random.default_rng(0)
+    optimizer = eo.Adam(model.parameters(), lr=lr)
+    model.train()
+    for _ in range(steps):
+        ids = rng.integers(0, digits, size=(64, length))
+        logits = model(ids)
+        loss = eo.cross_entropy(logits.reshape(-1, logits.shape[-1]), target_of(ids).reshape(-1))
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    model.eval()
+
+
+def export_sequence_models(path):
+    seq = sequence_models()
+    digits, length = seq["DIGITS"], seq["LENGTH"]
+    cases = [
+        ("LSTM (DigitSum)", seq["DigitSum"](), lambda ids: ids.sum(axis=1), 150, 0.01),
+        ("Transformer (Reverser)", seq["Reverser"](), lambda ids: ids[:, ::-1], 100, 0.003),
+    ]
+    failed = False
+    for name, model, target_of, steps, lr in cases:
+        start = time.perf_counter()
+        fit_briefly(model, target_of, digits, length, steps, lr)
+        print(f"\n{name}: trained {steps} steps in {time.perf_counter() - start:.1f} s")
+        file = os.path.splitext(path)[0] + ("_lstm.onnx" if "LSTM" in name else "_transformer.onnx")
+        # Traced at length - 1 so that the check trace (one longer) stays within
+        # the positional table's max_len; verify=True compares every node.
+        example = np.random.default_rng(2).integers(0, digits, size=(2, length - 1))
+        start = time.perf_counter()
+        eo.export_onnx(model, file, example_input=example, dynamic_axes={"input": {0: "batch", 1: "seq"}},
+                       output_name="logits", verify=True)
+        print(f"  exported to {file} with dynamic batch and sequence, verified ({time.perf_counter() - start:.2f} s)")
+        for batch, steps_long in ((1, length), (64, length), (64, length - 2)):
+            ids = np.random.default_rng(batch + steps_long).integers(0, digits, size=(batch, steps_long))
+            with eo.no_grad():
+                expected = np.asarray(model(ids).data)
+            actual = eo.run_onnx(file, ids)
+            diff = float(np.abs(expected - actual).max())
+            same = int((expected.argmax(-1) == actual.argmax(-1)).sum())
+            print(f"  batch {batch:2d}, length {steps_long}: max abs difference {diff:.2g}, "
+                  f"predictions matching {same} of {expected.argmax(-1).size}")
+            failed |= diff > 1e-4 or same != expected.argmax(-1).size
+    if failed:
         sys.exit("ONNX Runtime disagrees with EveryO")
 
 

@@ -72,3 +72,36 @@ def digit_cnn():
         eo.Linear(32, 10, seed=3),
         eo.LogSoftmax(),
     )
+
+
+def _tuple(x):
+    return x if isinstance(x, (tuple, list)) else (x,)
+
+
+def assert_traced_agrees(model, make_inputs, path, *, sizes, dynamic_axes=None, opset=None, verify=True,
+                         atol=ATOL):
+    """Export ``model`` traced on ``make_inputs(*sizes[0])`` and check ONNX
+    Runtime against EveryO's eval-mode output at every size in ``sizes``
+    (the first is the traced one; the others test the dynamic axes).
+
+    ``make_inputs(*size)`` returns the model's inputs (a tuple for several)."""
+    model.eval()
+    eo.export_onnx(model, path, example_input=tuple(_tuple(make_inputs(*sizes[0]))), dynamic_axes=dynamic_axes,
+                   opset=opset, verify=verify)
+    for size in sizes:
+        inputs = _tuple(make_inputs(*size))
+        with eo.no_grad():
+            expected = [np.asarray(t.data) for t in _flat(model(*[eo.tensor(a) for a in inputs]))]
+        actual = eo.run_onnx(path, *inputs)
+        actual = actual if isinstance(actual, list) else [actual]
+        assert len(actual) == len(expected)
+        for k, (a, e) in enumerate(zip(actual, expected)):
+            assert a.shape == e.shape, (size, k, a.shape, e.shape)
+            np.testing.assert_allclose(a, e, rtol=0, atol=atol, err_msg=f"sizes {size}, output {k}")
+    return onnx.load(str(path))
+
+
+def _flat(result):
+    if isinstance(result, eo.Tensor):
+        return [result]
+    return [t for item in result for t in _flat(item)]

@@ -25,20 +25,20 @@ def cnn_proto(tmp_path):
     return model, path, onnx.load(str(path))
 
 
-def test_every_window_node_sits_between_a_real_transpose_pair(cnn_proto):
+def test_conv_chain_has_one_transpose_in_and_one_out(cnn_proto):
+    # Conv -> batch norm -> ReLU -> MaxPool -> Conv -> ReLU -> AvgPool run in
+    # NCHW between one Transpose in and one out: the inverse pairs between
+    # them cancel (the batch norm's constants are re-laid to (C, 1, 1)).
     _, _, proto = cnn_proto
-    producer = {out: n for n in proto.graph.node for out in n.output}
-    consumers = {}
-    for n in proto.graph.node:
-        for name in n.input:
-            consumers.setdefault(name, []).append(n)
-    windows = [n for n in proto.graph.node if n.op_type in WINDOW_OPS]
-    assert [n.op_type for n in windows] == ["Conv", "MaxPool", "Conv", "AveragePool"]
-    for n in windows:
-        before = producer[n.input[0]]
-        assert before.op_type == "Transpose" and attrs(before)["perm"] == [0, 3, 1, 2], n.name
-        (after,) = consumers[n.output[0]]
-        assert after.op_type == "Transpose" and attrs(after)["perm"] == [0, 2, 3, 1], n.name
+    ops = [n.op_type for n in proto.graph.node]
+    windows = [n.op_type for n in proto.graph.node if n.op_type in WINDOW_OPS]
+    assert windows == ["Conv", "MaxPool", "Conv", "AveragePool"]
+    transposes = [n for n in proto.graph.node if n.op_type == "Transpose"]
+    assert [attrs(n)["perm"] for n in transposes] == [[0, 3, 1, 2], [0, 2, 3, 1]]
+    assert ops.index("Transpose") < ops.index("Conv")
+    # The way out is after the last pool and before the flatten (NHWC order).
+    last = len(ops) - 1 - ops[::-1].index("Transpose")
+    assert ops.index("AveragePool") < last < ops.index("Reshape")
 
 
 def test_explicit_pads_and_no_auto_pad(cnn_proto):
@@ -63,12 +63,19 @@ def test_kernel_is_permuted_to_out_in_kh_kw(cnn_proto):
     np.testing.assert_array_equal(w[5, 2, 0, 1], model[4].weight.data[0, 1, 2, 5])
 
 
-def test_batch_norm_is_folded_into_mul_add(cnn_proto):
-    _, _, proto = cnn_proto
+def test_batch_norm_uses_its_running_statistics_as_constants(cnn_proto):
+    # Eval-mode batch norm traces as (x - mean) / sqrt(var + eps) * gamma + beta;
+    # sqrt(var + eps) involves constants only and is folded into one constant.
+    model, _, proto = cnn_proto
     ops = [n.op_type for n in proto.graph.node]
     assert "BatchNormalization" not in ops
-    i = ops.index("Mul")
-    assert ops[i + 1] == "Add"
+    i = ops.index("Sub")
+    assert ops[i:i + 4] == ["Sub", "Div", "Mul", "Add"]
+    weights = {t.name: onnx.numpy_helper.to_array(t) for t in proto.graph.initializer}
+    bn = model[1]
+    std = [w for w in weights.values() if w.size == 8
+           and np.allclose(w.reshape(-1), np.sqrt(bn.running_var.data + bn.eps))]
+    assert std, "the folded sqrt(running_var + eps) is not among the constants"
 
 
 def test_batch_axis_is_symbolic_and_other_axes_fixed(tmp_path):

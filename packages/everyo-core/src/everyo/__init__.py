@@ -55,6 +55,7 @@ _ADDON_NAMES = {
     "export_onnx": ("everyo.onnx", "onnx"),
     "run_onnx": ("everyo.onnx", "onnx"),
     "onnx_available": ("everyo.onnx", "onnx"),
+    "verify_onnx": ("everyo.onnx", "onnx"),
 }
 
 

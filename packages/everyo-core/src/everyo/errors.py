@@ -38,6 +38,12 @@ class EveryOSerializationError(EveryOError):
     model cannot be exported (unsupported layer)."""
 
 
+class EveryOExportMismatchError(EveryOSerializationError):
+    """An exported model computes something else than the EveryO model
+    (``export_onnx(..., verify=True)``): the message names the first value over
+    tolerance, its op and the user's source line."""
+
+
 class EveryODistributedError(EveryOError, RuntimeError):
     """A collective or a worker process failed."""
 

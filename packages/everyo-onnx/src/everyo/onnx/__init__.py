@@ -1,7 +1,8 @@
-"""ONNX export for EveryO models, verified against ONNX Runtime.
+"""ONNX export for EveryO models by tracing, verified against ONNX Runtime.
 
     eo.export_onnx(model, "model.onnx", input_shape=(1, 8, 8, 1), output_name="logits")
     eo.run_onnx("model.onnx", batch)
+    eo.verify_onnx(model, "model.onnx", batch)
 
 Importing this package does not import onnx or onnxruntime: ``onnx_available``
 must work without them, and each function imports what it needs.
@@ -9,5 +10,7 @@ must work without them, and each function imports what it needs.
 from everyo.onnx._version import __version__  # noqa: F401
 from everyo.onnx.export import DEFAULT_OPSET, MIN_OPSET, build_model, export_onnx
 from everyo.onnx.runtime import onnx_available, run_onnx
+from everyo.onnx.verify import format_report, verify_onnx
 
-__all__ = ["export_onnx", "build_model", "run_onnx", "onnx_available", "DEFAULT_OPSET", "MIN_OPSET"]
+__all__ = ["export_onnx", "build_model", "run_onnx", "verify_onnx", "format_report", "onnx_available",
+           "DEFAULT_OPSET", "MIN_OPSET"]

@@ -1,22 +1,31 @@
-"""export_onnx: an EveryO model to an ONNX file, layer by layer."""
-import operator
+"""export_onnx: trace an EveryO model and write it as an ONNX file.
+
+Everything that can be refused is refused before a byte is written: the
+model's dtypes and layers, the trace (data-dependent Python values, ops with
+no rule, in-place ``.data`` changes), the dynamic-axes check, ONNX's checker,
+the 2 GiB limit and, with ``verify=True``, ONNX Runtime's agreement.
+"""
+import numpy as np
 
 import everyo
 from everyo.errors import EveryOSerializationError
 from everyo.io import atomic_write
 from everyo.nn import Module
 
-from everyo.onnx.converters import CONVERTERS
-from everyo.onnx.graph import GraphBuilder
-from everyo.onnx.plan import plan
+from everyo.onnx import dynamic
+from everyo.onnx.graph import onnx_type
+from everyo.onnx.optimize import cancel_transposes, eliminate_dead, identity_outputs
+from everyo.onnx.rules import RULES
+from everyo.onnx.trace import trace
+from everyo.onnx.translate import Translator
 
-# Opset 17 is the first with LayerNormalization and is run by every ONNX
-# Runtime since 1.13 (2022) and by most other runtimes; newer opsets add
-# nothing these layers need. Any opset from MIN_OPSET up to what the installed
-# onnx package knows can be asked for.
+# Opset 17 is run by every ONNX Runtime since 1.13 (2022) and by most other
+# runtimes. Any opset from MIN_OPSET (Softmax over one axis, Split/Squeeze
+# taking their sizes as inputs) to the newest the installed onnx knows works.
 DEFAULT_OPSET = 17
-# Softmax/LogSoftmax normalise along one axis (not "all axes after it") from 13.
 MIN_OPSET = 13
+# A protobuf message cannot exceed 2 GiB; the weights must fit with room for the graph.
+MAX_MODEL_BYTES = 2**31 - 2**24
 
 INSTALL_HINT = "Install it with: pip install everyo-core[onnx]"
 
@@ -29,107 +38,229 @@ def _import_onnx():
     return onnx
 
 
-def _as_shape(input_shape):
-    """``input_shape`` as a tuple of ints (None allowed), or None if it is not one."""
-    if not isinstance(input_shape, (tuple, list)):
-        return None
-    try:
-        return tuple(None if d is None else operator.index(d) for d in input_shape)
-    except TypeError:
-        return None
+def _module_paths(model, path="model"):
+    """``(position, module)`` for every module: ``model[1][0]`` inside
+    Sequentials, ``model.encoder.norm`` for attributes."""
+    yield path, model
+    for name, child in model._modules.items():
+        sub = f"{path}[{name}]" if isinstance(model, everyo.Sequential) and name.isdigit() else f"{path}.{name}"
+        yield from _module_paths(child, sub)
 
 
-def _check_arguments(model, input_shape, input_name, output_name, opset, newest):
-    if not isinstance(model, Module):
-        raise TypeError(f"export_onnx expects an EveryO Module, got {type(model).__name__}")
-    shape = _as_shape(input_shape)
-    batch_ok = shape is not None and (shape[0] is None or shape[0] > 0)
-    if not batch_ok or len(shape) < 2 or not all(d is not None and d > 0 for d in shape[1:]):
-        raise ValueError(
-            f"input_shape must be (batch, ...) with positive integer sizes, e.g. (1, 8, 8, 1) for an "
-            f"8x8 one-channel NHWC image; got {input_shape!r}. The batch size is exported symbolic "
-            f"whatever its value"
-        )
-    for label, name in (("input_name", input_name), ("output_name", output_name)):
-        if not isinstance(name, str) or not name:
-            raise ValueError(f"{label} must be a non-empty string, got {name!r}")
-    if input_name == output_name:
-        raise ValueError(f"input_name and output_name must differ, both are {input_name!r}")
-    if not isinstance(opset, int) or not MIN_OPSET <= opset <= newest:
+def _check_model(model):
+    """Refuse float64/bfloat16/float16 weights and batch norms without
+    running statistics, naming every offending layer at once."""
+    problems = []
+    for where, m in _module_paths(model):
+        if isinstance(m, (everyo.BatchNorm1D, everyo.BatchNorm2D)) and not m.track_running_stats:
+            problems.append(
+                f"{type(m).__name__} at {where} was built with track_running_stats=False: it has no running "
+                f"statistics, so there is no inference-time behaviour to export (rebuild it with "
+                f"track_running_stats=True and train it)")
+        tensors = list(m._parameters.items()) + list(m._buffers.items())
+        for pname, t in tensors:
+            dtype = None if t is None else np.asarray(t.data).dtype
+            if dtype is not None and dtype.kind in "fV" and dtype != np.float32:
+                extra = " (bfloat16 to float32 is exact)" if dtype.name == "bfloat16" else ""
+                problems.append(
+                    f"{type(m).__name__} at {where} has {pname} of dtype {dtype.name}; the exporter writes "
+                    f"float32 graphs (ONNX Runtime's CPU Conv and AveragePool have no float64 kernels). Call "
+                    f"model.to('float32') before exporting{extra}")
+    if problems:
+        raise EveryOSerializationError("cannot export this model to ONNX, nothing was written: "
+                                       + "; ".join(problems) + ".")
+
+
+def _parameter_names(model):
+    names = {}
+    for name, t in list(model.named_parameters()) + list(model.named_buffers()):
+        names.setdefault(id(t), name)
+    return names
+
+
+def _as_list(names, singular, label, count=None):
+    if names is None:
+        names = singular
+    if names is None:
+        return None
+    names = [names] if isinstance(names, str) else list(names)
+    if not names or not all(isinstance(n, str) and n for n in names):
+        raise ValueError(f"{label} must be non-empty strings, got {names!r}")
+    if len(set(names)) != len(names):
+        raise ValueError(f"{label} must be distinct, got {names!r}")
+    return names
+
+
+def _default_names(stem, count):
+    return [stem] if count == 1 else [f"{stem}{k}" for k in range(count)]
+
+
+def _check_opset(onnx, opset):
+    newest = onnx.defs.onnx_opset_version()
+    opset = DEFAULT_OPSET if opset is None else opset
+    if not isinstance(opset, int) or isinstance(opset, bool) or not MIN_OPSET <= opset <= newest:
         raise ValueError(
             f"opset must be an integer from {MIN_OPSET} to {newest} (the newest the installed onnx "
-            f"package knows), got {opset!r}; the default is {DEFAULT_OPSET}"
-        )
-    return (None,) + shape[1:]
+            f"package knows), got {opset!r}; the default is {DEFAULT_OPSET}")
+    return opset
 
 
-def build_model(model, *, input_shape, output_name="output", input_name="input", opset=None):
-    """Build and check the ``onnx.ModelProto`` for ``model`` without writing it.
+def _wrap_model_error(exc, model, arrays, when):
+    shapes = ", ".join(f"{a.shape} {a.dtype}" for a in arrays)
+    message = f"while tracing {type(model).__name__} {when} on input(s) {shapes}: {exc}"
+    try:
+        new = type(exc)(message)
+    except Exception:
+        new = EveryOSerializationError(message)
+    return new
 
-    Raises ``EveryOSerializationError`` for a layer that cannot be exported and
-    ``EveryOShapeError`` when ``input_shape`` does not fit a layer.
+
+def _run_trace(model, arrays, input_names, names, when):
+    try:
+        return trace(model, arrays, input_names, names)
+    except EveryOSerializationError:
+        raise  # the tracer's own refusals already say what and where
+    except Exception as exc:
+        raise _wrap_model_error(exc, model, arrays, when) from exc
+
+
+def _translate(tracer, outputs, partner, opset, output_names):
+    t = Translator(tracer, partner, opset)
+    for name in output_names:  # so that no generated name can take a graph output's name
+        t.g.reserve(name)
+    g = t.run(RULES)
+    final = [t.name(tracer.values[id(o)]) for o in outputs]
+    cancel_transposes(g, final)
+    final = identity_outputs(g, output_names, final)
+    eliminate_dead(g, final)
+    return g
+
+
+def _value_infos(helper, names, values, dims):
+    return [helper.make_tensor_value_info(n, onnx_type(v.dtype), d) for n, v, d in zip(names, values, dims)]
+
+
+def build_model(model, *, input_shape=None, example_input=None, input_names=None, output_names=None,
+                dynamic_axes=None, opset=None, input_name=None, output_name=None, _keep=None):
+    """Trace ``model`` and build the checked ``onnx.ModelProto`` without writing it.
+
+    Takes the same arguments as :func:`export_onnx` (no path, no verify).
     """
     onnx = _import_onnx()
-    from onnx import TensorProto, helper
+    from onnx import helper, numpy_helper
 
-    opset = DEFAULT_OPSET if opset is None else opset
-    shape = _check_arguments(model, input_shape, input_name, output_name, opset, onnx.defs.onnx_opset_version())
-    steps = plan(model)  # refuses unsupported layers before anything is built
+    if not isinstance(model, Module):
+        raise TypeError(f"export_onnx expects an EveryO Module, got {type(model).__name__}")
+    opset = _check_opset(onnx, opset)
+    arrays = dynamic.example_arrays(input_shape, example_input)
+    input_names = _as_list(input_names, input_name, "input_names") or _default_names("input", len(arrays))
+    if len(input_names) != len(arrays):
+        raise ValueError(f"input_names has {len(input_names)} names for {len(arrays)} example inputs")
+    _check_model(model)
+    names = _parameter_names(model)
+    axes = dynamic.normalize_axes(dynamic_axes, input_names, arrays)
 
-    g = GraphBuilder(input_name, output_name, opset)
-    value, in_shape = input_name, shape
-    for where, layer in steps:
-        value, shape = CONVERTERS[type(layer)](g, layer, value, shape, where)
-    g.rename_output(value, output_name)
+    first, outputs = _run_trace(model, arrays, input_names, names, "")
+    changed = first.changed_in_place()
+    if changed is not None:
+        value, user = changed
+        what = value.name or f"a {value.kind} tensor of shape {value.shape}"
+        where = user.describe() if user is not None else "the trace"
+        raise EveryOSerializationError(
+            f"cannot export: the .data of {what} (used by {where}) was changed in place during the forward "
+            f"pass; the exported graph would use one value where EveryO used two. Compute the new value with "
+            f"EveryO ops (or change it outside forward()). Nothing was written")
+    output_names = _as_list(output_names, output_name, "output_names") or _default_names("output", len(outputs))
+    if len(output_names) != len(outputs):
+        raise ValueError(f"output_names has {len(output_names)} names, but the model returns {len(outputs)} outputs")
+    clash = set(output_names) & set(input_names)
+    if clash:
+        raise ValueError(f"input and output names must differ, both use {sorted(clash)}")
+    unknown = sorted(set(axes) - set(input_names) - set(output_names))
+    if unknown:
+        raise ValueError(f"dynamic_axes names {unknown}, which are not inputs {input_names} or outputs {output_names}")
 
-    def dims(s):
-        return ["batch"] + list(s[1:])
+    arrays2 = dynamic.second_example(arrays, axes, input_names)
+    second, outputs2 = _run_trace(
+        model, arrays2, input_names, names,
+        f"again with every dynamic axis one larger (the dynamic-axes check; dynamic axes {axes}; an axis "
+        f"that cannot change size must be left out of dynamic_axes)")
+    dynamic.same_ops(first, second, arrays, arrays2)
+    g = _translate(first, outputs, second, opset, output_names)
+    g2 = _translate(second, outputs2, first, opset, output_names)
+    dynamic.same_graph(g, g2, arrays, arrays2)
 
+    out_values = [first.values[id(o)] for o in outputs]
+    out_values2 = [second.values[id(o)] for o in outputs2]
+    in_dims = [dynamic.dims(a.shape, axes.get(n, {})) for n, a in zip(input_names, arrays)]
+    out_dims = [dynamic.output_dims(v.shape, v2.shape, name, axes, input_names, arrays, arrays2)
+                for name, v, v2 in zip(output_names, out_values, out_values2)]
+    size = sum(a.nbytes for a in g.initializers.values())
+    if size > MAX_MODEL_BYTES:
+        raise EveryOSerializationError(
+            f"cannot export: the model's weights take {size / 2**30:.2f} GiB, more than an ONNX file without "
+            f"external data can hold (2 GiB, protobuf's limit); the exporter does not write external data. "
+            f"Nothing was written")
     graph = helper.make_graph(
-        g.nodes,
-        "everyo",
-        [helper.make_tensor_value_info(input_name, TensorProto.FLOAT, dims(in_shape))],
-        [helper.make_tensor_value_info(output_name, TensorProto.FLOAT, dims(shape))],
-        initializer=g.initializers,
+        g.nodes, "everyo",
+        _value_infos(helper, input_names, first.inputs, in_dims),
+        _value_infos(helper, output_names, out_values, out_dims),
+        initializer=[numpy_helper.from_array(a, n) for n, a in g.initializers.items()],
     )
     opsets = [helper.make_opsetid("", opset)]
-    # The lowest IR version that can carry this opset, so older runtimes load it.
     proto = helper.make_model(
         graph, opset_imports=opsets, ir_version=helper.find_min_ir_version_for(opsets),
         producer_name="everyo", producer_version=everyo.__version__,
-        doc_string=f"Exported by everyo.onnx from {type(model).__name__}; NHWC input '{input_name}'.",
-    )
-    # full_check runs strict shape inference, which also cross-checks the
-    # shapes tracked by the converters against ONNX's own.
+        doc_string=f"Exported by everyo.onnx from {type(model).__name__} (traced).")
     try:
         onnx.checker.check_model(proto, full_check=True)
     except onnx.checker.ValidationError as exc:
         raise EveryOSerializationError(f"the exported graph failed onnx.checker ({exc}); nothing was written") from exc
+    if _keep is not None:
+        _keep.update(graph=g, trace=first, outputs=outputs, arrays=arrays, second=second, outputs2=outputs2,
+                     arrays2=arrays2, input_names=input_names, output_names=output_names)
     return proto
 
 
-def export_onnx(model, path, *, input_shape, output_name="output", input_name="input", opset=None):
-    """Export ``model`` to an ONNX file at ``path``.
+def export_onnx(model, path, *, input_shape=None, example_input=None, input_names=None, output_names=None,
+                dynamic_axes=None, opset=None, verify=False, input_name=None, output_name=None):
+    """Export ``model`` to an ONNX file at ``path`` by tracing its forward pass.
 
     Args:
-        model: a supported layer or a ``Sequential`` of them (nesting allowed).
-        path: file to write; written atomically, so a failed export leaves no file.
-        input_shape: ``(batch, ...)`` channels-last, e.g. ``(1, 8, 8, 1)``. The
-            batch axis is exported symbolic (``batch``) whatever its value; the
-            other sizes are fixed, because 'same' padding depends on them.
-        output_name, input_name: names of the graph's output and input.
+        model: any EveryO ``Module`` (custom ``forward`` included).
+        path: file to write, atomically: a failed or refused export leaves no
+            file, and an existing file stays as it was.
+        input_shape: ``(batch, ...)``; a float32 example is made from it.
+        example_input: an array or Tensor, or a tuple of them for several
+            inputs (integer token ids and boolean masks included).
+        input_names, output_names: graph names (``input_name``/``output_name``
+            for one input/output still work). Defaults: ``input``/``output``,
+            or ``input0``, ``input1`` ... when there are several.
+        dynamic_axes: ``{"input": {0: "batch", 1: "seq"}}`` (or a list of
+            axes); default: axis 0 of every input is ``batch``. Checked by a
+            second trace at other sizes.
         opset: ONNX opset, default ``DEFAULT_OPSET`` (17).
+        verify: run ONNX Runtime (optimisations off and on) on the example and
+            raise ``EveryOExportMismatchError`` naming the first node over 1e-5.
 
-    The graph computes the model's inference behaviour (dropout is the
-    identity, batch norm uses its running statistics) whatever mode the model
-    is in; the model itself is not modified.
+    The graph is the model's inference behaviour (the trace runs in eval
+    mode); the model's modes and weights are left as they were.
 
     Example:
-        >>> model.eval()
         >>> eo.export_onnx(model, "model.onnx", input_shape=(1, 8, 8, 1), output_name="logits")
         >>> eo.run_onnx("model.onnx", batch)
     """
-    proto = build_model(model, input_shape=input_shape, output_name=output_name, input_name=input_name, opset=opset)
+    keep = {} if verify else None
+    proto = build_model(model, input_shape=input_shape, example_input=example_input, input_names=input_names,
+                        output_names=output_names, dynamic_axes=dynamic_axes, opset=opset,
+                        input_name=input_name, output_name=output_name, _keep=keep)
     data = proto.SerializeToString()
+    if verify:
+        from everyo.onnx.verify import check_agreement
+
+        check_agreement(data, keep)  # raises before anything is written
     atomic_write(path, lambda f: f.write(data))
     return path
+
+
+__all__ = ["export_onnx", "build_model", "DEFAULT_OPSET", "MIN_OPSET"]

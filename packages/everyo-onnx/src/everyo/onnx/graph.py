@@ -1,9 +1,10 @@
-"""A small ONNX graph builder: nodes, weights and unique names.
+"""The ONNX graph being built from a trace: nodes, initializers, names.
 
-The converters only ever append to one ``GraphBuilder``; turning it into a
-``ModelProto`` happens once, at the end, so a failure part-way leaves nothing
-behind (the exporter writes the file only after the whole model is built and
-checked).
+Rules (``rules.py``) only append to one ``GraphBuilder``. Names are made from
+counters, so two traces of the same model give node-for-node identical
+graphs: that is how the dynamic-axes check compares them. Every ONNX node
+remembers the recorded op it came from (``origins``), so a problem found in
+the finished graph can still name the op and the user's source line.
 """
 import numpy as np
 
@@ -11,60 +12,98 @@ import numpy as np
 TO_NCHW = (0, 3, 1, 2)
 TO_NHWC = (0, 2, 3, 1)
 
+# Largest int64, for Slice ends that mean "to the end".
+INT64_MAX = np.iinfo(np.int64).max
+
+_ONNX_TYPES = {
+    np.dtype(np.float32): 1, np.dtype(np.uint8): 2, np.dtype(np.int8): 3, np.dtype(np.int16): 5,
+    np.dtype(np.int32): 6, np.dtype(np.int64): 7, np.dtype(np.bool_): 9, np.dtype(np.float16): 10,
+    np.dtype(np.float64): 11, np.dtype(np.uint32): 12, np.dtype(np.uint64): 13,
+}
+
+
+def onnx_type(dtype):
+    """The ``TensorProto`` element type of a NumPy dtype."""
+    return _ONNX_TYPES[np.dtype(dtype)]
+
 
 class GraphBuilder:
-    """Collects nodes and initializers; names stay unique and readable.
+    """Collects ONNX nodes and initializers for one trace.
 
-    Value names carry the layer's position (``model[2][0]``), so a node in a
-    viewer such as Netron can be traced back to the EveryO layer it came from.
+    Args:
+        opset: the opset the graph is written for (rules pick node forms by it).
     """
 
-    def __init__(self, input_name, output_name, opset):
-        self.input_name = input_name
+    def __init__(self, opset):
         self.opset = opset
         self.nodes = []
-        self.initializers = []
-        # Both graph names are reserved up front so no generated name can take them.
-        self._names = {input_name, output_name}
+        self.origins = []        # the recorded Node behind each ONNX node
+        self.initializers = {}   # name -> array
+        self.names = {}          # id(Value) -> ONNX value name
+        self.layout_changed = set()  # names whose values a rewrite moved to another layout
+        self._taken = set()
+        self._count = 0
+        self.origin = None       # the recorded Node whose rule is running
 
+    # --- names ------------------------------------------------------------------
     def fresh(self, base):
-        """A value name not used yet, derived from ``base``."""
+        base = base.replace(" ", "_")
         name, k = base, 1
-        while name in self._names:
+        while name in self._taken:
             k += 1
             name = f"{base}_{k}"
-        self._names.add(name)
+        self._taken.add(name)
         return name
 
-    def weight(self, base, array):
-        """Add a float32 initializer and return its name."""
-        from onnx import numpy_helper
+    def reserve(self, name):
+        self._taken.add(name)
+        return name
 
+    # --- initializers --------------------------------------------------------------
+    def constant(self, array, base="const"):
+        """An initializer holding ``array`` (its dtype kept); returns its name."""
+        array = np.array(array, order="C")  # (np.ascontiguousarray would make a 0-d array 1-d)
         name = self.fresh(base)
-        self.initializers.append(numpy_helper.from_array(np.ascontiguousarray(array, dtype=np.float32), name))
+        self.initializers[name] = array
         return name
 
-    def node(self, op_type, inputs, where, label=None, **attributes):
-        """Append one node with a single output and return the output's name
-        (``where/label``, the label defaulting to the op type)."""
+    def ints(self, values, base="ints"):
+        return self.constant(np.asarray(values, dtype=np.int64).reshape(-1), base)
+
+    def scalar(self, value, dtype, base="scalar"):
+        return self.constant(np.asarray(value, dtype=dtype), base)
+
+    # --- nodes -------------------------------------------------------------------------
+    def node(self, op_type, inputs, outputs=1, **attributes):
+        """Append one node; returns its output name (or the list of names when
+        ``outputs`` > 1). Empty-string inputs are ONNX's "omitted"."""
         from onnx import helper
 
-        output = self.fresh(f"{where}/{label or op_type}")
-        self.nodes.append(helper.make_node(op_type, list(inputs), [output], name=output, **attributes))
-        return output
+        self._count += 1
+        label = self.origin.op if self.origin is not None else "graph"
+        stem = f"n{self._count}_{label}_{op_type}"
+        names = [self.fresh(stem if outputs == 1 else f"{stem}_{k}") for k in range(outputs)]
+        self.nodes.append(helper.make_node(op_type, list(inputs), names, name=stem, **attributes))
+        self.origins.append(self.origin)
+        return names[0] if outputs == 1 else names
 
-    def transpose(self, value, perm, where):
-        label = "ToNCHW" if tuple(perm) == TO_NCHW else "ToNHWC" if tuple(perm) == TO_NHWC else None
-        return self.node("Transpose", [value], where, label, perm=list(perm))
+    def transpose(self, value, perm):
+        return self.node("Transpose", [value], perm=[int(p) for p in perm])
 
-    def rename_output(self, value, new_name):
-        """Give the value ``value`` (produced by the last node) the graph's output name."""
-        if value == self.input_name or not self.nodes or value not in self.nodes[-1].output:
-            # An empty model (or one ending in a pass-through) still needs a node
-            # that produces the named output.
-            self.node("Identity", [value], "output")
-            value = self.nodes[-1].output[0]
-        node = self.nodes[-1]
-        node.output[list(node.output).index(value)] = new_name
-        node.name = new_name
-        return new_name
+    def unsqueeze(self, value, axes):
+        return self.node("Unsqueeze", [value, self.ints(axes, "axes")])
+
+    def squeeze(self, value, axes):
+        return self.node("Squeeze", [value, self.ints(axes, "axes")])
+
+    def reduce(self, op_type, value, axes, keepdims):
+        """A Reduce* node; ``axes`` moved from attribute to input in opset 18
+        (13 for ReduceSum)."""
+        axes = [int(a) for a in axes]
+        keep = int(bool(keepdims))
+        if op_type == "ReduceSum" or self.opset >= 18:
+            return self.node(op_type, [value, self.ints(axes, "axes")], keepdims=keep)
+        return self.node(op_type, [value], axes=axes, keepdims=keep)
+
+    def cast(self, value, dtype):
+        return self.node("Cast", [value], to=onnx_type(dtype))

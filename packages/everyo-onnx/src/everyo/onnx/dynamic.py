@@ -1,0 +1,198 @@
+"""Example inputs, dynamic axes, and the check that the exporter's claims hold.
+
+A graph with a symbolic ``batch`` or ``seq`` axis claims to compute the model
+at every size. The exporter checks that claim: it traces again with every
+dynamic axis one larger (and with fresh random data, so a value baked into
+the graph shows up too), and refuses when the two traces record different
+ops or translate to different ONNX graphs, naming the first op that differs.
+"""
+import operator
+
+import numpy as np
+
+from everyo.errors import EveryOSerializationError
+from everyo.tensor import Tensor
+
+
+def _as_shape(input_shape):
+    if not isinstance(input_shape, (tuple, list)):
+        return None
+    try:
+        return tuple(None if d is None else operator.index(d) for d in input_shape)
+    except TypeError:
+        return None
+
+
+def _as_array(x, k):
+    a = np.asarray(x.data if isinstance(x, Tensor) else x)
+    if a.dtype == np.float64:
+        return a.astype(np.float32)  # the graph is float32; NumPy's default float is not
+    if a.dtype.kind in "fV" and a.dtype != np.float32:
+        extra = " (bfloat16 to float32 is exact)" if a.dtype.name == "bfloat16" else ""
+        raise EveryOSerializationError(
+            f"example input {k} has dtype {a.dtype.name}; the exporter traces float32 graphs: pass it as "
+            f"float32 (x.astype('float32')){extra}. Nothing was written")
+    if a.dtype.kind not in "fiub":
+        raise TypeError(f"example input {k} has dtype {a.dtype}; give float32, integer or boolean arrays")
+    return a
+
+
+def example_arrays(input_shape, example_input):
+    """The example inputs as a list of NumPy arrays."""
+    if (input_shape is None) == (example_input is None):
+        raise ValueError(
+            "give exactly one of input_shape=(batch, ...) (a float32 example is made from it) or "
+            "example_input= (an array or Tensor, or a tuple of them)"
+            + ("" if input_shape is None else "; got both"))
+    if input_shape is not None:
+        shape = _as_shape(input_shape)
+        batch_ok = shape is not None and len(shape) >= 2 and (shape[0] is None or shape[0] > 0)
+        if not batch_ok or not all(d is not None and d > 0 for d in shape[1:]):
+            raise ValueError(
+                f"input_shape must be (batch, ...) with positive integer sizes, e.g. (1, 8, 8, 1) for an "
+                f"8x8 one-channel NHWC image; got {input_shape!r}. The batch size is exported symbolic "
+                f"whatever its value")
+        shape = (1 if shape[0] is None else shape[0],) + shape[1:]
+        return [np.random.default_rng(0).standard_normal(shape).astype(np.float32)]
+    items = list(example_input) if isinstance(example_input, tuple) else [example_input]
+    return [_as_array(x, k) for k, x in enumerate(items)]
+
+
+def normalize_axes(dynamic_axes, input_names, arrays):
+    """``{name: {axis: dim_name}}``; the default makes axis 0 of every input ``batch``."""
+    if dynamic_axes is None:
+        return {n: {0: "batch"} for n, a in zip(input_names, arrays) if a.ndim >= 1}
+    if not isinstance(dynamic_axes, dict):
+        raise TypeError(f"dynamic_axes must be a dict like {{'input': {{0: 'batch'}}}}, got {dynamic_axes!r}")
+    ranks = dict(zip(input_names, (a.ndim for a in arrays)))
+    out = {}
+    for name, spec in dynamic_axes.items():
+        if isinstance(spec, (list, tuple)):
+            spec = {int(a): f"{name}_dim{int(a)}" for a in spec}
+        if not isinstance(spec, dict):
+            raise TypeError(f"dynamic_axes[{name!r}] must be a dict {{axis: name}} or a list of axes, got {spec!r}")
+        axes = {}
+        for axis, dim in spec.items():
+            axis = operator.index(axis)
+            if name in ranks:
+                if not -ranks[name] <= axis < ranks[name]:
+                    raise ValueError(f"dynamic_axes[{name!r}] names axis {axis}, but that input has rank {ranks[name]}")
+                axis %= ranks[name]
+            axes[axis] = str(dim)
+        out[name] = axes
+    return out
+
+
+def _sizes(axes, input_names, arrays):
+    sizes = {}
+    for name, a in zip(input_names, arrays):
+        for axis, dim in axes.get(name, {}).items():
+            n = a.shape[axis]
+            if sizes.setdefault(dim, n) != n:
+                raise ValueError(f"dynamic axis '{dim}' has size {sizes[dim]} in one input and {n} in {name!r}; "
+                                 f"axes sharing a name must have the same size")
+    return sizes
+
+
+def second_example(arrays, axes, input_names=None):
+    """Inputs for the check trace: every dynamic axis one larger, fresh data
+    (floats with the example's mean and spread, integers drawn from the ids the
+    example uses, random booleans)."""
+    names = input_names or list(axes)
+    rng = np.random.default_rng(12345)
+    sizes = _sizes(axes, names, arrays)
+    out = []
+    for name, a in zip(names, arrays):
+        shape = list(a.shape)
+        for axis, dim in axes.get(name, {}).items():
+            shape[axis] = sizes[dim] + 1
+        if a.dtype == np.bool_:
+            b = rng.random(shape) < 0.3
+        elif a.dtype.kind in "iu":
+            b = rng.choice(np.unique(a), size=shape).astype(a.dtype) if a.size else np.zeros(shape, a.dtype)
+        else:
+            spread = float(a.std()) if a.size > 1 and a.std() > 0 else 1.0
+            b = (rng.standard_normal(shape) * spread + float(a.mean() if a.size else 0)).astype(a.dtype)
+        out.append(b)
+    return out
+
+
+def _wiring(node):
+    return tuple(None if v is None else (v.kind, v.node.index if v.node is not None else None, v.index)
+                 for v in node.inputs)
+
+
+def _sizes_text(arrays, arrays2):
+    return f"{[a.shape for a in arrays]} and {[b.shape for b in arrays2]}"
+
+
+def same_ops(first, second, arrays, arrays2):
+    """Refuse when the two traces record different ops (a Python loop over a
+    dynamic axis, a branch on a size)."""
+    for a, b in zip(first.nodes, second.nodes):
+        if a.op != b.op or _wiring(a) != _wiring(b):
+            raise EveryOSerializationError(
+                f"cannot export with these dynamic axes: the model records different ops at input sizes "
+                f"{_sizes_text(arrays, arrays2)}: {a.describe()} became {b.describe()} (a Python loop or branch "
+                f"on a size, e.g. over the sequence). Leave that axis out of dynamic_axes, or compute with whole-"
+                f"tensor ops. Nothing was written")
+    if len(first.nodes) != len(second.nodes):
+        longer = first if len(first.nodes) > len(second.nodes) else second
+        extra = longer.nodes[min(len(first.nodes), len(second.nodes))]
+        raise EveryOSerializationError(
+            f"cannot export with these dynamic axes: the model records {len(first.nodes)} ops at input sizes "
+            f"{[a.shape for a in arrays]} but {len(second.nodes)} at {[b.shape for b in arrays2]}, from "
+            f"{extra.describe()} on (a Python loop over a dynamic axis). Leave that axis out of dynamic_axes. "
+            f"Nothing was written")
+
+
+def same_graph(g, g2, arrays, arrays2):
+    """Refuse when the two traces translate to different ONNX graphs (a size
+    baked into a reshape or a constant)."""
+    for k, (a, b) in enumerate(zip(g.nodes, g2.nodes)):
+        same = a.SerializeToString() == b.SerializeToString() and all(
+            (x in g.initializers) == (x in g2.initializers)
+            and (x not in g.initializers or (g.initializers[x].shape == g2.initializers[x].shape
+                                             and np.array_equal(g.initializers[x], g2.initializers[x])))
+            for x in a.input)
+        if not same:
+            origin = g.origins[k] or g2.origins[k]
+            where = origin.describe() if origin is not None else f"ONNX node {a.name}"
+            detail = ""
+            for x in a.input:
+                u, v = g.initializers.get(x), g2.initializers.get(x)
+                if u is not None and v is not None and not (u.shape == v.shape and np.array_equal(u, v)):
+                    small = u.size <= 8 and v.size <= 8
+                    detail = (f"; its constant input '{x}' is {u.tolist() if small else u.shape} vs "
+                              f"{v.tolist() if small else v.shape}")
+                    break
+            raise EveryOSerializationError(
+                f"cannot export with these dynamic axes: {where} translates differently at input sizes "
+                f"{_sizes_text(arrays, arrays2)} ({a.op_type} node {a.name}{detail}): a size taken from x.shape "
+                f"(or a value computed outside EveryO ops) is baked into it. Use -1 in reshapes or leave that "
+                f"axis out of dynamic_axes. Nothing was written")
+    if len(g.nodes) != len(g2.nodes):
+        raise EveryOSerializationError(
+            f"cannot export with these dynamic axes: the graph has {len(g.nodes)} nodes at input sizes "
+            f"{[a.shape for a in arrays]} and {len(g2.nodes)} at {[b.shape for b in arrays2]}. Nothing was written")
+
+
+def dims(shape, axis_names):
+    return [axis_names.get(i, int(d)) for i, d in enumerate(shape)]
+
+
+def output_dims(shape, shape2, name, axes, input_names, arrays, arrays2):
+    """An output's dims: symbolic where it changed with the inputs (named after
+    the input axis it follows) or where dynamic_axes says so."""
+    declared = axes.get(name, {})
+    out = []
+    for i, (a, b) in enumerate(zip(shape, shape2)):
+        if i in declared:
+            out.append(declared[i])
+        elif a == b:
+            out.append(int(a))
+        else:
+            follow = [dim for n, x, y in zip(input_names, arrays, arrays2) for j, dim in axes.get(n, {}).items()
+                      if x.shape[j] == a and y.shape[j] == b]
+            out.append(follow[0] if follow else f"{name}_dim{i}")
+    return out
