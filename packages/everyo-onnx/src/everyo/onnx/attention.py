@@ -28,7 +28,10 @@ def runtime_runs_attention(opset):
     graph = helper.make_graph([helper.make_node("Attention", ["q", "k", "v", "m"], ["y"], scale=0.5)], "probe",
                               inputs, [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
     ids = [helper.make_opsetid("", opset)]
-    model = helper.make_model(graph, opset_imports=ids, ir_version=helper.find_min_ir_version_for(ids))
+    try:
+        model = helper.make_model(graph, opset_imports=ids, ir_version=helper.find_min_ir_version_for(ids))
+    except ValueError:  # the installed onnx does not know this opset (onnx < 1.18 stops at 21 or 22)
+        return False
     q = k = np.eye(2, dtype=np.float32).reshape(b, h, n, d)
     v = np.array([[1, 2], [3, 4]], np.float32).reshape(b, h, n, d)
     mask = np.array([[True, False], [False, False]]).reshape(b, 1, n, n)  # row 1: every key blocked
