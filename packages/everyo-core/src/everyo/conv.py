@@ -191,7 +191,8 @@ def conv2d(x, weight, bias=None, stride=1, padding="valid", dilation=1, groups=1
         x: (N, H, W, C) input.
         weight: (kh, kw, C // groups, O).
         bias: (O,) or None.
-        stride, dilation: int or (h, w) pair.
+        stride: int or (h, w) pair.
+        dilation: int or (h, w) pair.
         padding: 'valid', 'same' (TensorFlow's rule: output ``ceil(in / stride)``),
             an int, (ph, pw) or ((top, bottom), (left, right)).
         groups: input and output channels split into ``groups`` independent

@@ -11,7 +11,8 @@ class Conv2D(Module):
     """2-D convolution on NHWC input.
 
     Args:
-        in_channels, out_channels: channel counts.
+        in_channels: input channel count.
+        out_channels: output channel count.
         kernel_size: int or (kh, kw).
         stride: int or (sh, sw).
         padding: 'valid' (no padding), 'same' (TensorFlow's rule: output
@@ -66,8 +67,13 @@ class Conv1D(Module):
     """1-D convolution on channels-last (N, L, C) input, Keras's layout.
 
     Args:
-        in_channels, out_channels, groups, seed: as :class:`Conv2D`.
-        kernel_size, stride, dilation: ints.
+        in_channels: as :class:`Conv2D`.
+        out_channels: as :class:`Conv2D`.
+        groups: as :class:`Conv2D`.
+        seed: as :class:`Conv2D`.
+        kernel_size: an int.
+        stride: an int.
+        dilation: an int.
         padding: 'valid', 'same' (output ``ceil(L / stride)``), 'causal'
             (left padding only: output t depends on inputs up to t), an int or
             a pair (left, right).
@@ -127,7 +133,12 @@ class Conv2DTranspose(Module):
     """Transposed 2-D convolution on NHWC input (up-sampling by ``stride``).
 
     Args:
-        in_channels, out_channels, kernel_size, stride, dilation, seed: as :class:`Conv2D`.
+        in_channels: as :class:`Conv2D`.
+        out_channels: as :class:`Conv2D`.
+        kernel_size: as :class:`Conv2D`.
+        stride: as :class:`Conv2D`.
+        dilation: as :class:`Conv2D`.
+        seed: as :class:`Conv2D`.
         padding: 'valid' (output ``(H - 1) * stride + dilation * (k - 1) + 1``),
             'same' (Keras: output ``H * stride``), or non-negative numbers,
             PyTorch's meaning (rows/columns cropped from each side).

@@ -17,7 +17,9 @@ class Adam(Optimizer):
 
     Args:
         params: an iterable of Tensors, or of param-group dicts (see :class:`Optimizer`).
-        lr, eps, weight_decay: numbers >= 0.
+        lr: learning rate, a number >= 0.
+        eps: a number >= 0.
+        weight_decay: a number >= 0.
         betas: two numbers in [0, 1).
         amsgrad: use the running maximum of ``v`` (Reddi et al.).
 

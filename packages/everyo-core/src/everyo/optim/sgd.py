@@ -15,7 +15,10 @@ class SGD(Optimizer):
 
     Args:
         params: an iterable of Tensors, or of param-group dicts (see :class:`Optimizer`).
-        lr, momentum, dampening, weight_decay: numbers >= 0 (dampening in [0, 1]).
+        lr: learning rate, a number >= 0.
+        momentum: a number >= 0.
+        dampening: a number in [0, 1].
+        weight_decay: a number >= 0.
         nesterov: Nesterov momentum (needs momentum > 0 and dampening == 0).
 
     Example:

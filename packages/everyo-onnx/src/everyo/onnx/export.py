@@ -233,9 +233,10 @@ def export_onnx(model, path, *, input_shape=None, example_input=None, input_name
         input_shape: ``(batch, ...)``; a float32 example is made from it.
         example_input: an array or Tensor, or a tuple of them for several
             inputs (integer token ids and boolean masks included).
-        input_names, output_names: graph names (``input_name``/``output_name``
-            for one input/output still work). Defaults: ``input``/``output``,
-            or ``input0``, ``input1`` ... when there are several.
+        input_names: the graph's input names (``input_name`` for one input still
+            works). Default ``input``, or ``input0``, ``input1`` ... when there are several.
+        output_names: the graph's output names (``output_name`` for one output
+            still works). Default ``output``, or ``output0``, ``output1`` ...
         dynamic_axes: ``{"input": {0: "batch", 1: "seq"}}`` (or a list of
             axes); default: axis 0 of every input is ``batch``. Checked by a
             second trace at other sizes.
