@@ -110,6 +110,13 @@ def _reverse_partner(t, node, x, attrs):
 
 
 def scan(t, node):
+    if node.attrs.get("lengths") is not None:
+        # lengths= reaches the trace as an attribute (a NumPy array), not a graph
+        # input: mapping it to sequence_lens would bake the traced batch's lengths
+        # into the file and give wrong results for every other batch.
+        raise t.refuse("it was called with lengths= (padded sequences); the exporter cannot take lengths as a "
+                       "graph input yet. Export the model called without lengths= (e.g. on unpadded "
+                       "sequences of one length)")
     if all(id(v) in t.g.names for v in node.outputs):
         return  # emitted with its forward direction as one bidirectional node
     g = t.g
