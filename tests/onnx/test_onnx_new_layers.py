@@ -8,7 +8,7 @@ import pytest
 import everyo as eo
 from everyo.errors import EveryOSerializationError
 
-from onnx_agreement import assert_agrees
+from onnx_agreement import assert_agrees, assert_traced_agrees
 
 
 class Scaled(eo.Module):
@@ -103,6 +103,8 @@ def test_chained_conv1d_cancels_inner_transposes(tmp_path):
 
 
 class PaddedGRU(eo.Module):
+    """lengths computed inside the model: it would be baked into the file."""
+
     def __init__(self):
         super().__init__()
         self.gru = eo.GRU(3, 4, seed=0)
@@ -112,8 +114,38 @@ class PaddedGRU(eo.Module):
         return out
 
 
-def test_recurrent_lengths_are_refused(tmp_path):
+def test_recurrent_lengths_not_from_an_input_are_refused(tmp_path):
     path = tmp_path / "padded.onnx"
-    with pytest.raises(EveryOSerializationError, match=r"gru_scan.*lengths="):
+    with pytest.raises(EveryOSerializationError, match=r"gru_scan.*lengths= that is not one of the model's inputs"):
         eo.export_onnx(PaddedGRU(), path, input_shape=(1, 5, 3))
     assert not path.exists()
+
+
+class WithLengths(eo.Module):
+    def __init__(self, layer):
+        super().__init__()
+        self.layer = layer
+
+    def forward(self, x, lengths):
+        out, last = self.layer(x, lengths=lengths)
+        return out, (last[0] if isinstance(last, tuple) else last)
+
+
+def _padded(batch, time):
+    # Every length from 0 to time appears at batch 7 (zeros past each length,
+    # each sequence's own last state, reverse runs from each own end).
+    rng = np.random.default_rng(batch * 10 + time)
+    lengths = np.resize(np.array([time, 0, 1, time - 1, 2, time, 3], np.int64), batch)
+    return rng.standard_normal((batch, time, 3)).astype(np.float32), lengths
+
+
+@pytest.mark.parametrize("kind", ["rnn", "lstm", "gru", "bilstm", "bigru_2_layers"])
+def test_recurrent_lengths_become_sequence_lens(kind, tmp_path):
+    layer = {"rnn": lambda: eo.RNN(3, 4, seed=0), "lstm": lambda: eo.LSTM(3, 4, seed=1),
+             "gru": lambda: eo.GRU(3, 4, seed=2), "bilstm": lambda: eo.LSTM(3, 4, bidirectional=True, seed=3),
+             "bigru_2_layers": lambda: eo.GRU(3, 4, num_layers=2, bidirectional=True, seed=4)}[kind]()
+    proto = assert_traced_agrees(WithLengths(layer), _padded, tmp_path / "lengths.onnx",
+                                 sizes=[(7, 5), (1, 5), (7, 6)],
+                                 dynamic_axes={"input0": {0: "batch", 1: "time"}, "input1": {0: "batch"}})
+    scans = [n for n in proto.graph.node if n.op_type in ("RNN", "LSTM", "GRU")]
+    assert scans and all(len(n.input) > 4 and n.input[4] for n in scans)
