@@ -76,7 +76,8 @@ def test_gelu_as_onnx_gelu_at_opset_20(approximate, tmp_path):
     assert [n.op_type for n in proto.graph.node].count("Gelu") == 1
 
 
-def test_upsampling_decoder_model(tmp_path):
+@pytest.mark.parametrize("opset", [13, 17, 20])
+def test_upsampling_decoder_model(opset, tmp_path):
     model = eo.Sequential(
         eo.Conv2D(3, 6, 3, padding="same", groups=3, seed=0), _group_norm(), eo.SiLU(),
         eo.Conv2DTranspose(6, 4, 3, stride=2, padding="same", seed=1), eo.LeakyReLU(0.1),
@@ -84,16 +85,17 @@ def test_upsampling_decoder_model(tmp_path):
         eo.UpSampling2D(2), eo.GELU(), eo.GlobalAveragePooling2D(), eo.Identity(), eo.Linear(4, 3, seed=3),
         eo.Softplus(),
     )
-    assert_agrees(model, (1, 5, 6, 3), tmp_path / "decoder.onnx")
+    assert_agrees(model, (1, 5, 6, 3), tmp_path / "decoder.onnx", opset=opset)
 
 
-def test_conv1d_sequence_model(tmp_path):
+@pytest.mark.parametrize("opset", [13, 17])
+def test_conv1d_sequence_model(opset, tmp_path):
     model = eo.Sequential(
         eo.Conv1D(3, 8, 3, padding="causal", dilation=2, seed=0), eo.GELU(approximate="tanh"),
         eo.Conv1D(8, 8, 3, padding="same", groups=4, seed=1), eo.SiLU(),
         eo.Conv1D(8, 4, 2, stride=2, seed=2), eo.Flatten(), eo.Linear(20, 3, seed=3),
     )
-    assert_agrees(model, (1, 11, 3), tmp_path / "seq.onnx")
+    assert_agrees(model, (1, 11, 3), tmp_path / "seq.onnx", opset=opset)
 
 
 def test_chained_conv1d_cancels_inner_transposes(tmp_path):
