@@ -130,6 +130,21 @@ OPS = [
      {"k": RNG.standard_normal((3, 2, 2, 3)).astype(np.float32), "b": np.ones(3, np.float32)}),
     ("max_pool2d", lambda m, x: eo.max_pool2d(x, 3, stride=2, padding="same"), floats(5, 6, 2), {}),
     ("avg_pool2d", lambda m, x: eo.avg_pool2d(x, 2, padding="same"), floats(5, 7, 2), {}),
+    ("conv2d_dilation_groups", lambda m, x: eo.conv2d(x, m.k, dilation=(2, 1), groups=2, padding="same"),
+     floats(7, 6, 4), {"k": RNG.standard_normal((3, 2, 2, 6)).astype(np.float32)}),
+    ("gelu", lambda m, x: eo.gelu(x * 3), floats(3, 4), {}),
+    ("gelu_tanh", lambda m, x: eo.gelu(x * 3, approximate="tanh"), floats(3, 4), {}),
+    ("silu", lambda m, x: eo.silu(x * 3), floats(3, 4), {}),
+    ("leaky_relu", lambda m, x: eo.leaky_relu(x, 0.3), floats(3, 4), {}),
+    ("elu", lambda m, x: eo.elu(x * 3, alpha=1.5), floats(3, 4), {}),
+    ("softplus", lambda m, x: eo.softplus(x * 8, beta=0.5, threshold=3.0), floats(3, 4), {}),
+    ("conv1d", lambda m, x: eo.conv1d(x, m.k, m.b, stride=2, padding=(2, 1), dilation=2, groups=2),
+     floats(9, 4), {"k": RNG.standard_normal((3, 2, 4)).astype(np.float32), "b": np.ones(4, np.float32)}),
+    ("conv_transpose2d", lambda m, x: eo.conv_transpose2d(x, m.k, m.b, stride=(2, 3), padding=((1, 0), (0, 2)),
+                                                           output_padding=(1, 0), dilation=(1, 2)),
+     floats(4, 5, 2), {"k": RNG.standard_normal((3, 2, 2, 3)).astype(np.float32), "b": np.ones(3, np.float32)}),
+    ("upsample2d", lambda m, x: eo.upsample2d(x, (3, 2)), floats(3, 4, 2), {}),
+    ("upsample2d_bilinear", lambda m, x: eo.upsample2d(x, 2, "bilinear"), floats(3, 4, 2), {}),
 ]
 
 

@@ -10,7 +10,7 @@ import numpy as np
 
 # Elementwise ops that commute with a Transpose: unary ones, and binary ones
 # whose other operand is a constant (permuted with them).
-_UNARY = {"Relu", "Tanh", "Sigmoid", "Exp", "Log", "Sqrt", "Abs", "Neg", "Identity"}
+_UNARY = {"Relu", "Tanh", "Sigmoid", "Exp", "Log", "Sqrt", "Abs", "Neg", "Identity", "Elu", "LeakyRelu"}
 _BINARY = {"Add", "Sub", "Mul", "Div"}
 
 

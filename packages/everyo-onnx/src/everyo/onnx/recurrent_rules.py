@@ -109,6 +109,26 @@ def _reverse_partner(t, node, x, attrs):
     return None
 
 
+def _sequence_lens(t, node):
+    """ONNX's ``sequence_lens`` (int32) for ``lengths=``, or "" without it.
+
+    ``lengths`` reaches the trace as an attribute (a NumPy array), not an
+    operand; it is exported only when it *is* one of the model's inputs (an
+    int64 array passed straight through), so the file reads each batch's own
+    lengths. A computed or constant ``lengths`` would be baked into the file
+    and wrong for every other batch: refused."""
+    lengths = node.attrs.get("lengths")
+    if lengths is None:
+        return ""
+    for inp in t.tracer.inputs:
+        if lengths is inp.array or (lengths.base is not None and lengths.base is inp.array
+                                    and lengths.shape == inp.array.shape):
+            return t.g.cast(t.name(inp), np.int32)
+    raise t.refuse("it was called with lengths= that is not one of the model's inputs (a constant or computed "
+                   "array would be baked into the file); pass lengths as an int64 (batch,) model input, "
+                   "straight to the layer")
+
+
 def scan(t, node):
     if all(id(v) in t.g.names for v in node.outputs):
         return  # emitted with its forward direction as one bidirectional node
@@ -127,7 +147,7 @@ def scan(t, node):
     w_hh = node.inputs[-1 if node.op != "gru_scan" else 2]
     base = w_hh.name.replace("weight_hh", "") if w_hh.name else node.op
     inputs = [g.transpose(x_name, (1, 0, 2)), g.constant(W, f"{base}W"), g.constant(R, f"{base}R"),
-              g.constant(B, f"{base}B"), ""]
+              g.constant(B, f"{base}B"), _sequence_lens(t, node)]
     for k, value in enumerate(_states(node)):
         if _zero(value):
             inputs.append("")  # ONNX's default initial state is zeros

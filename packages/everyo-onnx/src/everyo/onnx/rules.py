@@ -157,7 +157,8 @@ def conv2d(t, node):
         weight = t.g.transpose(t.name(w), (3, 2, 0, 1))
     inputs = [t.g.transpose(t.name(x), TO_NCHW), weight] + ([] if b is None else [t.name(b, np.float32, 2)])
     y = t.g.node("Conv", inputs, kernel_shape=[int(k) for k in a["kernel_size"]],
-                 strides=[int(s) for s in a["stride"]], pads=_pads(a["pads"]))
+                 strides=[int(s) for s in a["stride"]], pads=_pads(a["pads"]),
+                 dilations=[int(d) for d in a.get("dilation", (1, 1))], group=int(a.get("groups", 1)))
     t.set(_out(node), t.g.transpose(y, TO_NHWC))
 
 
@@ -419,8 +420,8 @@ def embedding(t, node):
     t.set(_out(node), t.g.node("Gather", [t.name(weight, np.float32, 1), t.name(indices)], axis=0))
 
 
-from everyo.onnx import indexing_rules, loss_rules, recurrent_rules, reduction_rules  # noqa: E402
+from everyo.onnx import indexing_rules, layer_rules, loss_rules, recurrent_rules, reduction_rules  # noqa: E402
 
 # Their own files for size; one table.
-for _more in (recurrent_rules, loss_rules, reduction_rules, indexing_rules):
+for _more in (recurrent_rules, loss_rules, reduction_rules, indexing_rules, layer_rules):
     RULES.update(_more.RULES)
