@@ -129,6 +129,20 @@ def _sequence_lens(t, node):
                    "straight to the layer")
 
 
+def _zero_past_lengths(g, y, seq_lens):
+    """``Y`` (T, directions, B, H) with every step at or past each sequence's
+    length set to zero, as core's scans give. The ONNX spec leaves those steps
+    to the runtime, and ONNX Runtime 1.23's RNN (not its LSTM or GRU) leaves
+    garbage there, so the file says it explicitly."""
+    steps = g.node("Gather", [g.node("Shape", [y]), g.scalar(0, np.int64, "axis0")], axis=0)
+    t_index = g.node("Range", [g.scalar(0, np.int64, "start"), steps, g.scalar(1, np.int64, "one")])
+    t_index = g.node("Reshape", [t_index, g.constant(np.array([-1, 1, 1, 1], np.int64), "steps_shape")])
+    lengths = g.node("Reshape", [g.cast(seq_lens, np.int64), g.constant(np.array([1, 1, -1, 1], np.int64),
+                                                                        "lengths_shape")])
+    live = g.node("Less", [t_index, lengths])
+    return g.node("Where", [live, y, g.constant(np.zeros((), np.float32), "zero")])
+
+
 def scan(t, node):
     if all(id(v) in t.g.names for v in node.outputs):
         return  # emitted with its forward direction as one bidirectional node
@@ -157,6 +171,14 @@ def scan(t, node):
     while inputs[-1] == "":
         inputs.pop()
     y, *states = g.node(_ONNX_OP[node.op], inputs, outputs=len(node.outputs), **attrs)
+    if len(inputs) > 4 and inputs[4]:
+        y = _zero_past_lengths(g, y, inputs[4])
+        # A sequence of length 0 ends in its initial state (ONNX Runtime 1.23's RNN leaves garbage there too).
+        started = g.node("Greater", [g.node("Reshape", [g.cast(inputs[4], np.int64), g.constant(
+            np.array([1, -1, 1], np.int64), "state_lengths_shape")]), g.scalar(0, np.int64, "zero_steps")])
+        states = [g.node("Where", [started, state, inputs[5 + k] if len(inputs) > 5 + k and inputs[5 + k]
+                                   else g.constant(np.zeros((), np.float32), "zero")])
+                  for k, state in enumerate(states)]
     for d, n in enumerate(nodes):
         # Y is (T, directions, B, H), each state (directions, B, H).
         pick = (lambda v, axis: g.squeeze(v, [axis])) if len(nodes) == 1 else \
