@@ -123,6 +123,7 @@ def snapshot(out):
 
 
 def is_grad_enabled():
+    """Whether operations on this thread record the graph (``False`` inside ``eo.no_grad()``)."""
     return getattr(_state, "enabled", True)
 
 
