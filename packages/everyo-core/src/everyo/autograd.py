@@ -97,6 +97,7 @@ class detect_inplace_writes:
     copy of every op's operands while on; process-wide.
 
     Example:
+        >>> model, x = eo.nn.Linear(3, 2), eo.ones(4, 3)
         >>> with eo.autograd.detect_inplace_writes():
         ...     loss = model(x).sum()
         ...     loss.backward()
@@ -122,6 +123,7 @@ def snapshot(out):
 
 
 def is_grad_enabled():
+    """Whether operations on this thread record the graph (``False`` inside ``eo.no_grad()``)."""
     return getattr(_state, "enabled", True)
 
 

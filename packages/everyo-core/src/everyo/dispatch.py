@@ -200,10 +200,11 @@ def primitive(name, category=None, *, kind, inputs=None, differentiable=True, re
         resolve: optional ``resolve(inputs, attrs) -> attrs``, called only
             while tracing, to make attributes explicit (e.g. conv pads).
 
-    Example:
-        >>> @primitive("twice", kind="elementwise")
-        ... def twice(a):
-        ...     return Tensor._from_op(a.data * 2, (a,), lambda g: (g * 2,))
+    Example (registers the op process-wide, so not run as a doctest)::
+
+        @primitive("twice", kind="elementwise")
+        def twice(a):
+            return Tensor._from_op(a.data * 2, (a,), lambda g: (g * 2,))
     """
     if kind not in KINDS:
         raise ValueError(f"primitive {name!r}: kind must be one of {sorted(KINDS)}, got {kind!r}")

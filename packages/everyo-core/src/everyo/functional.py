@@ -57,6 +57,7 @@ def unbroadcast(grad, shape):
 # --- arithmetic ----------------------------------------------------------
 @primitive("add", kind="elementwise", inputs=("a", "b"))
 def add(a, b):
+    """``a + b`` with NumPy broadcasting; each gradient is summed back to its operand's shape."""
     a, b = _operands(a, b)
     sa, sb = a.data.shape, b.data.shape
 
@@ -69,6 +70,7 @@ def add(a, b):
 
 @primitive("sub", kind="elementwise", inputs=("a", "b"))
 def sub(a, b):
+    """``a - b`` with NumPy broadcasting."""
     a, b = _operands(a, b)
     sa, sb = a.data.shape, b.data.shape
 
@@ -81,6 +83,7 @@ def sub(a, b):
 
 @primitive("mul", kind="elementwise", inputs=("a", "b"))
 def mul(a, b):
+    """``a * b`` with NumPy broadcasting."""
     a, b = _operands(a, b)
 
     def backward(g):
@@ -93,6 +96,7 @@ def mul(a, b):
 
 @primitive("div", kind="elementwise", inputs=("a", "b"))
 def div(a, b):
+    """``a / b`` with NumPy broadcasting."""
     a, b = _operands(a, b)
 
     def backward(g):
@@ -105,6 +109,7 @@ def div(a, b):
 
 @primitive("neg", kind="elementwise")
 def neg(a):
+    """``-a`` elementwise."""
     return Tensor._from_op(-a.data, (a,), lambda g: (-g,))
 
 
@@ -257,6 +262,7 @@ def _expand(g, shape, axes, keepdims):
 
 @primitive("sum", FLOAT32, kind="reduction")
 def sum(a, axis=None, keepdims=False):
+    """The sum over ``axis`` (all axes when ``None``), keeping the reduced axes as 1 if ``keepdims``."""
     a = _t(a)
     shape, axes = a.data.shape, _axes(axis, a.data.shape, "sum")
     out = np.asarray(a.data.sum(axis=axes, keepdims=keepdims))
@@ -265,6 +271,7 @@ def sum(a, axis=None, keepdims=False):
 
 @primitive("mean", FLOAT32, kind="reduction")
 def mean(a, axis=None, keepdims=False):
+    """The mean over ``axis`` (all axes when ``None``), keeping the reduced axes as 1 if ``keepdims``."""
     a = _t(a)
     shape, axes = a.data.shape, _axes(axis, a.data.shape, "mean")
     count = int(np.prod([shape[i] for i in axes])) if axes else 1
@@ -306,17 +313,20 @@ def _extreme(a, axis, keepdims, reducer, op):
 
 @primitive("max", kind="reduction")
 def max(a, axis=None, keepdims=False):
+    """The maximum over ``axis`` (all axes when ``None``); the gradient goes to the maximal entries."""
     return _extreme(a, axis, keepdims, np.max, "max")
 
 
 @primitive("min", kind="reduction")
 def min(a, axis=None, keepdims=False):
+    """The minimum over ``axis`` (all axes when ``None``); the gradient goes to the minimal entries."""
     return _extreme(a, axis, keepdims, np.min, "min")
 
 
 # --- elementwise ----------------------------------------------------------
 @primitive("exp", FLOAT32, kind="elementwise")
 def exp(a):
+    """``e ** a`` elementwise."""
     a = _t(a)
     out = np.exp(a.data)
     return Tensor._from_op(out, (a,), lambda g: (g * out,))
@@ -324,6 +334,7 @@ def exp(a):
 
 @primitive("log", FLOAT32, kind="elementwise")
 def log(a):
+    """Natural logarithm elementwise."""
     a = _t(a)
     x = a.data
     return Tensor._from_op(np.log(x), (a,), lambda g: (g / x,))
@@ -331,6 +342,7 @@ def log(a):
 
 @primitive("sqrt", kind="elementwise")
 def sqrt(a):
+    """Square root elementwise."""
     a = _t(a)
     out = np.sqrt(a.data)
     return Tensor._from_op(out, (a,), lambda g: (g / (2 * out),))
@@ -338,6 +350,7 @@ def sqrt(a):
 
 @primitive("abs", kind="elementwise")
 def abs(a):
+    """``|a|`` elementwise (the gradient at 0 is 0)."""
     a = _t(a)
     x = a.data
     return Tensor._from_op(np.abs(x), (a,), lambda g: (g * np.sign(x),))
@@ -345,6 +358,7 @@ def abs(a):
 
 @primitive("clip", kind="elementwise")
 def clip(a, min=None, max=None):
+    """``a`` limited to ``[min, max]`` (either bound may be ``None``); the gradient is 0 where clipped."""
     a = _t(a)
     x = a.data
     out = np.clip(x, min, max)
@@ -362,6 +376,7 @@ def clip(a, min=None, max=None):
 
 @primitive("tanh", kind="elementwise")
 def tanh(a):
+    """``tanh(a)`` elementwise."""
     a = _t(a)
     out = np.tanh(a.data)
     return Tensor._from_op(out, (a,), lambda g: (g * (1 - out * out),))
@@ -369,6 +384,7 @@ def tanh(a):
 
 @primitive("sigmoid", kind="elementwise")
 def sigmoid(a):
+    """``1 / (1 + exp(-a))`` elementwise."""
     a = _t(a)
     # exp(-log(1 + exp(-x))) never overflows, for either sign of x.
     out = np.exp(-np.logaddexp(0, -a.data)).astype(a.data.dtype, copy=False)
@@ -377,6 +393,7 @@ def sigmoid(a):
 
 @primitive("relu", kind="elementwise")
 def relu(a):
+    """``max(a, 0)`` elementwise."""
     a = _t(a)
     if is_low_precision(a.data.dtype):
         return _relu_half(a)
@@ -482,6 +499,7 @@ def _resolve_transpose(inputs, attrs):
 
 @primitive("reshape", kind="shape", resolve=_resolve_reshape)
 def reshape(a, *shape):
+    """``a`` with a new shape (one entry may be ``-1``), as ``np.reshape``."""
     if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
         shape = tuple(shape[0])
     a = _t(a)
@@ -496,6 +514,7 @@ def reshape(a, *shape):
 
 @primitive("flatten", kind="shape")
 def flatten(a, start_axis=1):
+    """Merge the axes from ``start_axis`` (default 1, keeping the batch axis) into one."""
     a = _t(a)
     start_axis = normalize_axis(start_axis, a.data.shape, "flatten")
     return reshape(a, a.data.shape[:start_axis] + (-1,))
@@ -503,6 +522,7 @@ def flatten(a, start_axis=1):
 
 @primitive("transpose", kind="shape", resolve=_resolve_transpose)
 def transpose(a, *axes):
+    """``a`` with its axes permuted (reversed when no axes are given), as ``np.transpose``."""
     if len(axes) == 1 and isinstance(axes[0], (tuple, list)):
         axes = tuple(axes[0])
     a = _t(a)
@@ -560,6 +580,7 @@ def _check_joinable(tensors, axis, op):
 
 @primitive("concatenate", kind="shape", inputs=("*tensors",))
 def concatenate(tensors, axis=0):
+    """Join a sequence of Tensors along an existing ``axis``; the gradient is split back."""
     tensors = [_t(t) for t in tensors]
     axis = _check_joinable(tensors, axis, "concatenate")
     sizes = [t.data.shape[axis] for t in tensors]
@@ -570,6 +591,7 @@ def concatenate(tensors, axis=0):
 
 @primitive("stack", kind="shape", inputs=("*tensors",))
 def stack(tensors, axis=0):
+    """Join a sequence of same-shaped Tensors along a new ``axis``."""
     tensors = [_t(t) for t in tensors]
     axis = _check_joinable(tensors, axis, "stack")
     out = np.stack([t.data for t in tensors], axis=axis)
@@ -579,6 +601,7 @@ def stack(tensors, axis=0):
 
 @primitive("where", kind="elementwise", inputs=("condition", "a", "b"))
 def where(condition, a, b):
+    """``a`` where ``condition`` is true, else ``b`` (broadcast together), as ``np.where``."""
     cond = condition.data if isinstance(condition, Tensor) else np.asarray(condition)
     cond = cond.astype(bool, copy=False)
     a, b = _operands(a, b)

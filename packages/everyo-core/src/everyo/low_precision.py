@@ -28,7 +28,7 @@ Example:
     >>> x = eo.tensor(np.array([1.0, 2.0], np.float16), requires_grad=True)
     >>> y = eo.tanh(x) * x          # each op: float32 inside, one rounding
     >>> y.dtype
-    'float16'
+    dtype('float16')
 """
 import numpy as np
 

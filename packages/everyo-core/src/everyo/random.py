@@ -49,9 +49,9 @@ def manual_seed(n):
     reproducible. Returns the global generator.
 
     Example:
-        >>> eo.manual_seed(0)
+        >>> _ = eo.manual_seed(0)
         >>> a = eo.Linear(4, 2).weight.data
-        >>> eo.manual_seed(0)
+        >>> _ = eo.manual_seed(0)
         >>> bool((eo.Linear(4, 2).weight.data == a).all())
         True
     """

@@ -278,10 +278,12 @@ def _shape(shape):
 
 
 def ones(*shape, dtype="float32", requires_grad=False):
+    """A Tensor of ones of ``shape`` (ints or one tuple)."""
     return Tensor(np.ones(_shape(shape), dtype=dtype), requires_grad=requires_grad)
 
 
 def zeros(*shape, dtype="float32", requires_grad=False):
+    """A Tensor of zeros of ``shape`` (ints or one tuple)."""
     return Tensor(np.zeros(_shape(shape), dtype=dtype), requires_grad=requires_grad)
 
 
@@ -292,4 +294,5 @@ def randn(*shape, seed=None, dtype="float32", requires_grad=False):
 
 
 def arange(*args, dtype=None):
+    """``np.arange(*args, dtype=dtype)`` as a Tensor (no gradient)."""
     return Tensor(np.arange(*args, dtype=dtype))

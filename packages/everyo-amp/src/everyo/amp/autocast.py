@@ -120,11 +120,11 @@ class autocast:
         >>> with eo.autocast():
         ...     output = model(eo.ones(3, 8))
         >>> output.dtype, model[0].weight.dtype
-        ('float16', 'float32')
+        (dtype('float16'), dtype('float32'))
         >>> with eo.autocast(dtype="bfloat16"):
         ...     output = model(eo.ones(3, 8))
         >>> output.dtype
-        'bfloat16'
+        dtype(bfloat16)
     """
 
     def __init__(self, enabled=True, dtype="float16"):

@@ -75,13 +75,18 @@ class GradScaler:
     multiplies and divides by a power of two, which is exact).
 
     Example:
-        >>> scaler = eo.GradScaler()
+        >>> model, criterion = eo.nn.Linear(4, 2), eo.nn.MSELoss()
+        >>> optimizer = eo.SGD(model.parameters(), lr=0.1)
+        >>> batch, targets = eo.ones(8, 4), eo.zeros(8, 2)
+        >>> scaler = eo.GradScaler(init_scale=1024.0)  # 2**16 may overflow this tiny model's first step
         >>> with eo.autocast():
         ...     predictions = model(batch)
         >>> loss = criterion(predictions, targets)
         >>> scaler.backward(loss)              # scale, then backward
         >>> applied = scaler.step(optimizer)   # False when the step was skipped
         >>> scaler.update()                    # grow or shrink the scale
+        >>> applied, scaler.get_scale()
+        (True, 1024.0)
     """
 
     def __init__(self, init_scale=2.0**16, growth_factor=2.0, backoff_factor=0.5, growth_interval=2000,

@@ -56,7 +56,7 @@ class TensorDataset(Dataset):
 
     Example:
         >>> ds = eo.TensorDataset(np.zeros((5, 3)), np.arange(5))
-        >>> len(ds), ds[2][1]
+        >>> len(ds), int(ds[2][1])
         (5, 2)
     """
 

@@ -18,6 +18,7 @@ def default_collate(samples):
     field (a tuple / a dict of batches); strings stay a list.
 
     Example:
+        >>> from everyo.data.loader import default_collate
         >>> batch = default_collate([(np.zeros(3), 1), (np.ones(3), 0)])
         >>> batch[0].shape, batch[1].data.tolist()
         ((2, 3), [1, 0])
@@ -78,9 +79,10 @@ class DataLoader:
     ``state_dict`` is saved alongside).
 
     Example:
+        >>> x, y = np.zeros((100, 3), np.float32), np.arange(100)
         >>> loader = eo.DataLoader(x, y, batch_size=64, shuffle=True, seed=0)
-        >>> for batch, targets in loader:
-        ...     ...
+        >>> [(batch.shape, targets.shape) for batch, targets in loader]
+        [((64, 3), (64,)), ((36, 3), (36,))]
     """
 
     def __init__(self, *data, batch_size=32, shuffle=False, seed=None, drop_last=False, sampler=None,

@@ -9,16 +9,22 @@ from everyo.nn.module import Module, as_input
 
 
 class ReLU(Module):
+    """``max(x, 0)`` elementwise (:func:`everyo.relu` as a layer)."""
+
     def forward(self, x):
         return F.relu(as_input(self, x))
 
 
 class Sigmoid(Module):
+    """``1 / (1 + exp(-x))`` elementwise (:func:`everyo.sigmoid` as a layer)."""
+
     def forward(self, x):
         return F.sigmoid(as_input(self, x))
 
 
 class Tanh(Module):
+    """``tanh(x)`` elementwise (:func:`everyo.tanh` as a layer)."""
+
     def forward(self, x):
         return F.tanh(as_input(self, x))
 
@@ -38,6 +44,8 @@ class Softmax(Module):
 
 
 class LogSoftmax(Softmax):
+    """Log-softmax along ``axis`` (default: the last), computed stably (:func:`everyo.log_softmax`)."""
+
     def forward(self, x):
         return F.log_softmax(as_input(self, x), axis=self.axis)
 

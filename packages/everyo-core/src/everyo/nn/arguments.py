@@ -7,6 +7,7 @@ than the padded input) are :class:`~everyo.errors.EveryOShapeError`\\ s raised
 by :func:`window_fits` at call time.
 
 Example:
+    >>> from everyo.nn.arguments import positive_ints
     >>> positive_ints("Conv2D", "kernel_size", 3)
     (3, 3)
 """

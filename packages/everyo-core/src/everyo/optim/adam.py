@@ -24,6 +24,7 @@ class Adam(Optimizer):
         amsgrad: use the running maximum of ``v`` (Reddi et al.).
 
     Example:
+        >>> model = eo.nn.Linear(4, 1)
         >>> opt = eo.Adam(model.parameters(), lr=1e-3, amsgrad=True)
     """
 
@@ -80,6 +81,7 @@ class AdamW(Adam):
     """Adam with decoupled weight decay (Loshchilov & Hutter): ``p *= 1 - lr * wd`` each step.
 
     Example:
+        >>> model = eo.nn.Linear(4, 1)
         >>> opt = eo.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
     """
 

@@ -11,13 +11,17 @@ continues exactly, and an lr changed by hand is overwritten at the next step
 ``ReduceLROnPlateau`` is the exception: it reacts to a metric.
 
 Example:
+    >>> from everyo.optim.lr_scheduler import CosineAnnealingLR, LinearLR, SequentialLR
+    >>> model = eo.nn.Linear(4, 1)
     >>> opt = eo.SGD(model.parameters(), lr=0.1)
     >>> warmup = LinearLR(opt, start_factor=0.1, total_iters=5)
     >>> decay = CosineAnnealingLR(opt, T_max=95)
     >>> scheduler = SequentialLR(opt, [warmup, decay], milestones=[5])
-    >>> for epoch in range(100):
-    ...     train_one_epoch(model, opt)
+    >>> for epoch in range(3):
+    ...     opt.step()  # after the epoch's forward and backward passes
     ...     scheduler.step()
+    >>> scheduler.get_last_lr()
+    [0.064]
 """
 import bisect
 import math
@@ -128,7 +132,13 @@ class StepLR(LRScheduler):
     """``lr = initial_lr * gamma ** (last_epoch // step_size)``.
 
     Example:
+        >>> from everyo.optim.lr_scheduler import StepLR
+        >>> opt = eo.SGD(eo.nn.Linear(4, 1).parameters(), lr=0.1)
         >>> scheduler = StepLR(opt, step_size=30, gamma=0.1)
+        >>> for epoch in range(30):
+        ...     scheduler.step()
+        >>> scheduler.get_last_lr()
+        [0.010000000000000002]
     """
 
     def __init__(self, optimizer, step_size, gamma=0.1, last_epoch=-1):
@@ -145,7 +155,13 @@ class MultiStepLR(LRScheduler):
     """``lr = initial_lr * gamma ** (number of milestones <= last_epoch)``.
 
     Example:
+        >>> from everyo.optim.lr_scheduler import MultiStepLR
+        >>> opt = eo.SGD(eo.nn.Linear(4, 1).parameters(), lr=0.1)
         >>> scheduler = MultiStepLR(opt, milestones=[30, 80], gamma=0.1)
+        >>> for epoch in range(80):
+        ...     scheduler.step()
+        >>> scheduler.get_last_lr()
+        [0.0010000000000000002]
     """
 
     def __init__(self, optimizer, milestones, gamma=0.1, last_epoch=-1):
@@ -162,7 +178,12 @@ class ExponentialLR(LRScheduler):
     """``lr = initial_lr * gamma ** last_epoch``.
 
     Example:
+        >>> from everyo.optim.lr_scheduler import ExponentialLR
+        >>> opt = eo.SGD(eo.nn.Linear(4, 1).parameters(), lr=0.1)
         >>> scheduler = ExponentialLR(opt, gamma=0.95)
+        >>> scheduler.step()
+        >>> scheduler.get_last_lr()
+        [0.095]
     """
 
     def __init__(self, optimizer, gamma, last_epoch=-1):
@@ -180,7 +201,13 @@ class CosineAnnealingLR(LRScheduler):
     (SGDR without restarts; past ``T_max`` the cosine goes on, as in PyTorch).
 
     Example:
+        >>> from everyo.optim.lr_scheduler import CosineAnnealingLR
+        >>> opt = eo.SGD(eo.nn.Linear(4, 1).parameters(), lr=0.1)
         >>> scheduler = CosineAnnealingLR(opt, T_max=100, eta_min=1e-5)
+        >>> for epoch in range(100):
+        ...     scheduler.step()
+        >>> scheduler.get_last_lr()
+        [1e-05]
     """
 
     def __init__(self, optimizer, T_max, eta_min=0.0, last_epoch=-1):
@@ -198,7 +225,11 @@ class LinearLR(LRScheduler):
     ``start_factor`` to ``end_factor`` over ``total_iters`` steps, then stays.
 
     Example:
+        >>> from everyo.optim.lr_scheduler import LinearLR
+        >>> opt = eo.SGD(eo.nn.Linear(4, 1).parameters(), lr=0.1)
         >>> scheduler = LinearLR(opt, start_factor=0.01, total_iters=500)
+        >>> scheduler.get_last_lr()
+        [0.001]
     """
 
     def __init__(self, optimizer, start_factor=1.0 / 3, end_factor=1.0, total_iters=5, last_epoch=-1):
@@ -227,7 +258,12 @@ class OneCycleLR(LRScheduler):
         anneal_strategy: ``"cos"`` or ``"linear"``.
 
     Example:
+        >>> from everyo.optim.lr_scheduler import OneCycleLR
+        >>> opt = eo.SGD(eo.nn.Linear(4, 1).parameters(), lr=0.1)
+        >>> loader = eo.data.DataLoader(eo.data.TensorDataset(eo.randn(64, 4)), batch_size=16)
         >>> scheduler = OneCycleLR(opt, max_lr=0.1, epochs=10, steps_per_epoch=len(loader))
+        >>> scheduler.total_steps
+        40
     """
 
     def __init__(self, optimizer, max_lr, total_steps=None, epochs=None, steps_per_epoch=None, pct_start=0.3,
@@ -310,8 +346,14 @@ class SequentialLR(LRScheduler):
     starts from its own step 0 when its turn comes (PyTorch's semantics).
 
     Example:
+        >>> from everyo.optim.lr_scheduler import CosineAnnealingLR, LinearLR, SequentialLR
+        >>> opt = eo.SGD(eo.nn.Linear(4, 1).parameters(), lr=0.1)
         >>> warmup = LinearLR(opt, start_factor=0.1, total_iters=5)
         >>> scheduler = SequentialLR(opt, [warmup, CosineAnnealingLR(opt, T_max=95)], milestones=[5])
+        >>> for epoch in range(5):
+        ...     scheduler.step()
+        >>> scheduler.get_last_lr()
+        [0.1]
     """
 
     def __init__(self, optimizer, schedulers, milestones, last_epoch=-1):
@@ -379,8 +421,13 @@ class ReduceLROnPlateau:
     and a change smaller than ``eps`` is skipped).
 
     Example:
+        >>> from everyo.optim.lr_scheduler import ReduceLROnPlateau
+        >>> opt = eo.SGD(eo.nn.Linear(4, 1).parameters(), lr=0.1)
         >>> scheduler = ReduceLROnPlateau(opt, mode="min", factor=0.5, patience=3)
-        >>> scheduler.step(validation_loss)
+        >>> for validation_loss in [1.0, 0.9, 0.9, 0.9, 0.9, 0.9]:
+        ...     scheduler.step(validation_loss)
+        >>> opt.param_groups[0]["lr"]
+        0.05
     """
 
     def __init__(self, optimizer, mode="min", factor=0.1, patience=10, threshold=1e-4, threshold_mode="rel",

@@ -21,9 +21,12 @@ class Optimizer:
     Subclasses set ``_hyper`` (name -> check, from :mod:`everyo.optim.hyper`).
 
     Example:
+        >>> model = eo.nn.Linear(4, 2)
         >>> decay = [p for p in model.parameters() if p.ndim > 1]
         >>> no_decay = [p for p in model.parameters() if p.ndim <= 1]
         >>> opt = eo.AdamW([{"params": decay}, {"params": no_decay, "weight_decay": 0.0}], lr=1e-3)
+        >>> [g["weight_decay"] for g in opt.param_groups]
+        [0.01, 0.0]
     """
 
     _hyper = {}

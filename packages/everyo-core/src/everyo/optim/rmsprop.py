@@ -21,6 +21,7 @@ class RMSprop(Optimizer):
         centered: normalize by the estimated variance of the gradient instead of its second moment.
 
     Example:
+        >>> model = eo.nn.Linear(4, 1)
         >>> opt = eo.RMSprop(model.parameters(), lr=1e-3, momentum=0.9, centered=True)
     """
 

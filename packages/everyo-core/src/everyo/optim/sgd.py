@@ -22,6 +22,7 @@ class SGD(Optimizer):
         nesterov: Nesterov momentum (needs momentum > 0 and dampening == 0).
 
     Example:
+        >>> model = eo.nn.Linear(4, 1)
         >>> opt = eo.SGD(model.parameters(), lr=0.05, momentum=0.9)
     """
 

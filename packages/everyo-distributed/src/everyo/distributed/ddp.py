@@ -110,12 +110,13 @@ class DistributedDataParallel(Module):
     infinite gradient on any rank is infinite (or NaN) on all, and every rank
     takes the same skip decision.
 
-    Example:
-        >>> model = DistributedDataParallel(build_model(), group)     # doctest: +SKIP
-        >>> optimizer = eo.SGD(model.parameters(), lr=0.05)
-        >>> loss = eo.mean((model(x) - y) ** 2)
-        >>> loss.backward()                 # gradients are averaged when this returns
-        >>> optimizer.step()
+    Example (needs a running process group, so not run as a doctest)::
+
+        model = DistributedDataParallel(build_model(), group)
+        optimizer = eo.SGD(model.parameters(), lr=0.05)
+        loss = eo.mean((model(x) - y) ** 2)
+        loss.backward()                 # gradients are averaged when this returns
+        optimizer.step()
     """
 
     def __init__(self, model: Module, group, *, bucket_cap_mb: float = 25, broadcast_buffers: bool = True):
@@ -161,10 +162,11 @@ class DistributedDataParallel(Module):
 
         The next backward pass outside averages the accumulated ``.grad``.
 
-        Example:
-            >>> with ddp.no_sync():                        # doctest: +SKIP
-            ...     loss_fn(ddp(x1), y1).backward()        # local only
-            >>> loss_fn(ddp(x2), y2).backward()            # averages the sum of both
+        Example (needs a running process group, so not run as a doctest)::
+
+            with ddp.no_sync():
+                loss_fn(ddp(x1), y1).backward()        # local only
+            loss_fn(ddp(x2), y2).backward()            # averages the sum of both
         """
         previous = self._sync
         self._sync = False

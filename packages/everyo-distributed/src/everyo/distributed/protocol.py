@@ -138,6 +138,7 @@ def split_blocks(n: int, world_size: int):
     rank order, lengths differing by at most one (the first ``n % world_size`` get one more).
 
     Example:
+        >>> from everyo.distributed.protocol import split_blocks
         >>> split_blocks(10, 3)
         [(0, 4), (4, 7), (7, 10)]
     """
@@ -314,9 +315,9 @@ class ProcessGroup(abc.ABC):
 
         Every rank passes an array of the same size and dtype.
 
-        Example:
-            >>> group.all_gather(np.array([group.rank]))   # doctest: +SKIP
-            array([[0], [1]])
+        Example (needs a running process group, so not run as a doctest)::
+
+            group.all_gather(np.array([group.rank]))   # array([[0], [1]]) on two ranks
         """
         data = prepare_array(array, "all_gather")
         out = self._call(self._all_gather, "all_gather", data, -1)

@@ -39,13 +39,14 @@ class DistributedSampler:
         seed: must be the same on every rank.
         drop_last: see above.
 
-    Example:
-        >>> sampler = DistributedSampler(len(x), group, seed=0)          # doctest: +SKIP
-        >>> for epoch in range(epochs):
-        ...     sampler.set_epoch(epoch)            # a new permutation, the same on every rank
-        ...     rows = np.fromiter(sampler, np.int64)
-        ...     for start in range(0, len(rows), per_rank_batch):
-        ...         batch = rows[start:start + per_rank_batch]
+    Example (needs a running process group, so not run as a doctest)::
+
+        sampler = DistributedSampler(len(x), group, seed=0)
+        for epoch in range(epochs):
+            sampler.set_epoch(epoch)            # a new permutation, the same on every rank
+            rows = np.fromiter(sampler, np.int64)
+            for start in range(0, len(rows), per_rank_batch):
+                batch = rows[start:start + per_rank_batch]
     """
 
     def __init__(self, n: int, group, *, shuffle: bool = True, seed: int = 0, drop_last: bool = False):

@@ -247,9 +247,10 @@ def export_onnx(model, path, *, input_shape=None, example_input=None, input_name
     The graph is the model's inference behaviour (the trace runs in eval
     mode); the model's modes and weights are left as they were.
 
-    Example:
-        >>> eo.export_onnx(model, "model.onnx", input_shape=(1, 8, 8, 1), output_name="logits")
-        >>> eo.run_onnx("model.onnx", batch)
+    Example (writes a file, so not run as a doctest)::
+
+        eo.export_onnx(model, "model.onnx", input_shape=(1, 8, 8, 1), output_name="logits")
+        eo.run_onnx("model.onnx", batch)
     """
     keep = {} if verify else None
     proto = build_model(model, input_shape=input_shape, example_input=example_input, input_names=input_names,

@@ -48,9 +48,10 @@ def run_onnx(path, *inputs):
     Returns the output as a NumPy array, or a list of arrays if the graph has
     several outputs.
 
-    Example:
-        >>> logits = eo.run_onnx("model.onnx", batch)
-        >>> tokens_out, state = eo.run_onnx("lm.onnx", ids, mask)
+    Example (reads exported files, so not run as a doctest)::
+
+        logits = eo.run_onnx("model.onnx", batch)
+        tokens_out, state = eo.run_onnx("lm.onnx", ids, mask)
     """
     ort = import_runtime()
     path = os.fspath(path)

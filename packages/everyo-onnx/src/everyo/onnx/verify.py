@@ -136,9 +136,10 @@ def verify_onnx(model, path, example_input):
     dicts of :func:`report`: ``value``, ``node``, ``op``, ``line``, ``run``,
     ``max_abs``, ``max_rel``, ``ok``.
 
-    Example:
-        >>> rows = eo.verify_onnx(model, "model.onnx", batch)
-        >>> print(eo.onnx.format_report(rows))
+    Example (reads an exported file, so not run as a doctest)::
+
+        rows = eo.verify_onnx(model, "model.onnx", batch)
+        print(eo.onnx.format_report(rows))
     """
     import onnx
 

@@ -101,8 +101,9 @@ def init_tcp_process_group(host: str = None, port: int = None, rank: int = None,
     own agent store may already hold ``MASTER_PORT``: then start the server
     yourself on another port and pass it.)
 
-    Example:
-        >>> group = init_tcp_process_group()      # doctest: +SKIP  (under torchrun or srun)
+    Example (needs torchrun's or srun's environment, so not run as a doctest)::
+
+        group = init_tcp_process_group()  # under torchrun or srun
 
     Raises:
         ValueError: ``rank`` is not in ``[0, world_size)``.
