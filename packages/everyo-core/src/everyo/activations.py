@@ -122,7 +122,7 @@ def gelu(a, approximate="none"):
             ``'tanh'``: ``0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))``
             (BERT/GPT-2's form, faster).
 
-    Example:
+    Examples:
         >>> eo.gelu(eo.tensor([-1.0, 0.0, 1.0])).data.round(4)
         array([-0.1587,  0.    ,  0.8413], dtype=float32)
     """

@@ -96,7 +96,7 @@ class detect_inplace_writes:
     on a difference. Wrap both the forward pass and ``backward()``. Costs a
     copy of every op's operands while on; process-wide.
 
-    Example:
+    Examples:
         >>> model, x = eo.nn.Linear(3, 2), eo.ones(4, 3)
         >>> with eo.autograd.detect_inplace_writes():
         ...     loss = model(x).sum()
@@ -152,7 +152,7 @@ class _GradMode:
 class no_grad(_GradMode):
     """Context manager / decorator: ops inside record no graph.
 
-    Example:
+    Examples:
         >>> w = eo.tensor([1.0], requires_grad=True)
         >>> with eo.no_grad():
         ...     y = w * 2.0
@@ -201,7 +201,7 @@ def queue_callback(fn):
     callbacks run in the order queued, after the last gradient is accumulated
     and before ``backward()`` returns. A callback may queue further callbacks.
 
-    Example:
+    Examples:
         >>> x = eo.tensor([1.0, 2.0], requires_grad=True)
         >>> done = []
         >>> _ = x.register_hook(lambda g: eo.autograd.queue_callback(lambda: done.append(x.grad.copy())))
@@ -401,7 +401,7 @@ def grad(outputs, inputs, grad_outputs=None, retain_graph=False, allow_unused=Fa
 
     Returns a tuple of arrays, one per input. No ``.grad`` is changed.
 
-    Example:
+    Examples:
         >>> x = eo.tensor([1.0, 2.0], requires_grad=True)
         >>> (dx,) = eo.grad((x * x).sum(), x)
         >>> dx

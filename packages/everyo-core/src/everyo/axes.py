@@ -31,7 +31,7 @@ def normalize_axis(axis, shape, op, *, extra=0):
     """``axis`` as a non-negative int, checked against ``len(shape) + extra``
     (``extra=1`` for ops that insert an axis, like ``stack``).
 
-    Example:
+    Examples:
         >>> from everyo.axes import normalize_axis
         >>> normalize_axis(-1, (2, 3), "softmax")
         1
@@ -52,7 +52,7 @@ def normalize_axes(axis, shape, op):
     """``axis`` (None, an int or a sequence of ints) as a sorted tuple of
     non-negative axes; None means every axis.
 
-    Example:
+    Examples:
         >>> from everyo.axes import normalize_axes
         >>> normalize_axes((-1, 0), (2, 3, 4), "sum")
         (0, 2)

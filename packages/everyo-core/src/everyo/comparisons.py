@@ -7,7 +7,7 @@ still work as dict keys and set members; but ``t in some_list`` now compares
 values, so code looking a tensor up among others must compare identities
 (``any(t is p for p in params)``).
 
-Example:
+Examples:
     >>> x = eo.tensor([1.0, 2.0, 3.0])
     >>> (x >= 2).tolist()
     [False, True, True]

@@ -44,7 +44,7 @@ def einsum(subscripts, *operands):
     implicit ``'ij,jk'``). Ellipsis and repeated letters within one operand
     are not supported.
 
-    Example:
+    Examples:
         >>> a, b = eo.ones(2, 3), eo.ones(3, 4)
         >>> eo.einsum("ij,jk->ik", a, b).shape
         (2, 4)

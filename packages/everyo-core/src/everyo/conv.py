@@ -201,7 +201,7 @@ def conv2d(x, weight, bias=None, stride=1, padding="valid", dilation=1, groups=1
     Shape:
         (N, H, W, C) -> (N, OH, OW, O), ``OH = (H + pads - dilation * (kh - 1) - 1) // stride + 1``.
 
-    Example:
+    Examples:
         >>> eo.conv2d(eo.ones(1, 5, 5, 2), eo.ones(3, 3, 2, 4), padding="same").shape
         (1, 5, 5, 4)
     """
@@ -306,7 +306,7 @@ def conv1d(x, weight, bias=None, stride=1, padding="valid", dilation=1, groups=1
     Shape:
         (N, L, C) -> (N, OL, O).
 
-    Example:
+    Examples:
         >>> eo.conv1d(eo.ones(2, 10, 3), eo.ones(3, 3, 4), padding="causal").shape
         (2, 10, 4)
     """

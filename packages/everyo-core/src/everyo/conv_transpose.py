@@ -82,7 +82,7 @@ def conv_transpose2d(x, weight, bias=None, stride=1, padding="valid", output_pad
         (N, H, W, C_in) -> (N, OH, OW, C_out) with ``OH = (H - 1) * stride -
         crop_top - crop_bottom + dilation * (kh - 1) + 1 + output_padding``.
 
-    Example:
+    Examples:
         >>> eo.conv_transpose2d(eo.ones(1, 4, 4, 2), eo.ones(3, 3, 2, 5), stride=2, padding="same").shape
         (1, 8, 8, 5)
     """

@@ -30,7 +30,7 @@ def _pick(a, b, ufunc, wins):
 def maximum(a, b):
     """Elementwise larger of ``a`` and ``b`` (broadcasting; NaN propagates).
 
-    Example:
+    Examples:
         >>> eo.maximum(eo.tensor([1.0, 4.0]), 2.0).tolist()
         [2.0, 4.0]
     """

@@ -29,7 +29,7 @@ def take_along_axis(a, indices, axis):
     Shape:
         ``a`` (..., n, ...), ``indices`` (..., k, ...) -> (..., k, ...).
 
-    Example:
+    Examples:
         >>> x = eo.tensor([[10.0, 20.0, 30.0]])
         >>> eo.take_along_axis(x, np.array([[2, 0]]), axis=1).tolist()
         [[30.0, 10.0]]
@@ -73,7 +73,7 @@ def masked_fill(a, mask, value):
     """``a`` with ``value`` where the boolean ``mask`` (broadcastable to
     ``a``) is True. No gradient flows to the filled places.
 
-    Example:
+    Examples:
         >>> x = eo.tensor([1.0, 2.0, 3.0])
         >>> eo.masked_fill(x, x > 1.5, 0.0).tolist()
         [1.0, 0.0, 0.0]
@@ -101,7 +101,7 @@ def one_hot(indices, num_classes=None, dtype="float32"):
     ``num_classes=None`` uses ``max(indices) + 1``. ``dtype`` defaults to
     float32 (Keras); ``dtype='int64'`` gives PyTorch's.
 
-    Example:
+    Examples:
         >>> eo.one_hot(np.array([0, 2]), 3).tolist()
         [[1.0, 0.0, 0.0], [0.0, 0.0, 1.0]]
     """

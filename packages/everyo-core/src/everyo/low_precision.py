@@ -24,7 +24,7 @@ Mixed operands (a 16-bit with a float32 tensor) promote to float32 as NumPy
 does: the 16-bit ones are converted up here, faster than NumPy's cast, and
 their gradients are rounded back to their own type.
 
-Example:
+Examples:
     >>> x = eo.tensor(np.array([1.0, 2.0], np.float16), requires_grad=True)
     >>> y = eo.tanh(x) * x          # each op: float32 inside, one rounding
     >>> y.dtype

@@ -48,7 +48,7 @@ def manual_seed(n):
     mask and DataLoader shuffle (of objects built without ``seed=``) is
     reproducible. Returns the global generator.
 
-    Example:
+    Examples:
         >>> _ = eo.manual_seed(0)
         >>> a = eo.Linear(4, 2).weight.data
         >>> _ = eo.manual_seed(0)

@@ -37,7 +37,7 @@ def argmax(a, axis=None, keepdims=False):
 
     ``axis=None`` gives the index into the flattened tensor.
 
-    Example:
+    Examples:
         >>> eo.argmax(eo.tensor([[1.0, 3.0], [4.0, 2.0]]), axis=1).tolist()
         [1, 0]
     """
@@ -54,7 +54,7 @@ def argmin(a, axis=None, keepdims=False):
 def cumsum(a, axis=None):
     """Running sum along ``axis`` (``None``: over the flattened tensor, as NumPy).
 
-    Example:
+    Examples:
         >>> eo.cumsum(eo.tensor([1.0, 2.0, 3.0])).tolist()
         [1.0, 3.0, 6.0]
     """
@@ -82,7 +82,7 @@ def prod(a, axis=None, keepdims=False):
     the others, computed from running products (no division), so it is
     exact when factors are zero.
 
-    Example:
+    Examples:
         >>> eo.prod(eo.tensor([[1.0, 2.0], [3.0, 0.0]]), axis=1).tolist()
         [2.0, 0.0]
     """
@@ -113,7 +113,7 @@ def std(a, axis=None, keepdims=False, ddof=0):
     biased estimate, like NumPy; PyTorch's default is ``ddof=1``).
     Where the deviation is zero the gradient is zero (not NaN).
 
-    Example:
+    Examples:
         >>> round(eo.std(eo.tensor([1.0, 3.0])).item(), 6)
         1.0
     """
@@ -137,7 +137,7 @@ def logsumexp(a, axis=None, keepdims=False):
     """``log(sum(exp(a)))`` over ``axis`` without overflow (the maximum is
     subtracted first). A slice of ``-inf`` gives ``-inf`` and a zero gradient.
 
-    Example:
+    Examples:
         >>> round(eo.logsumexp(eo.tensor([1000.0, 1000.0])).item(), 3)
         1000.693
     """
@@ -166,7 +166,7 @@ def norm(a, ord=2, axis=None, keepdims=False):
     ``'fro'`` (the 2-norm over the given axes). At a zero vector the gradient
     is zero.
 
-    Example:
+    Examples:
         >>> eo.norm(eo.tensor([3.0, 4.0])).item()
         5.0
     """

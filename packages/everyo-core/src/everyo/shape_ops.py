@@ -19,7 +19,7 @@ def _axis_list(axis):
 def squeeze(a, axis=None):
     """Remove axes of length 1 (all of them when ``axis`` is None).
 
-    Example:
+    Examples:
         >>> eo.squeeze(eo.zeros(2, 1, 3), axis=1).shape
         (2, 3)
     """
@@ -39,7 +39,7 @@ def squeeze(a, axis=None):
 def expand_dims(a, axis):
     """Insert axes of length 1 at ``axis`` (an int or a tuple, positions in the result).
 
-    Example:
+    Examples:
         >>> eo.expand_dims(eo.zeros(2, 3), 0).shape
         (1, 2, 3)
     """
@@ -56,7 +56,7 @@ def expand_dims(a, axis):
 def moveaxis(a, source, destination):
     """Move axes to new positions, the others keeping their order (NumPy's ``moveaxis``).
 
-    Example:
+    Examples:
         >>> eo.moveaxis(eo.zeros(2, 3, 4), 0, -1).shape
         (3, 4, 2)
     """
@@ -76,7 +76,7 @@ def clone(a):
     """A copy with its own memory that stays in the graph (gradients flow
     through it), unlike :meth:`Tensor.detach`.
 
-    Example:
+    Examples:
         >>> x = eo.tensor([1.0], requires_grad=True)
         >>> eo.clone(x).requires_grad
         True

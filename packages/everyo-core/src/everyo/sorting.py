@@ -32,7 +32,7 @@ def sort(a, axis=-1, descending=False):
     Ascending sorting is stable (equal values keep their order); NaNs sort
     as the largest values (last, or first when ``descending``).
 
-    Example:
+    Examples:
         >>> values, indices = eo.sort(eo.tensor([3.0, 1.0, 2.0]))
         >>> values.tolist(), indices.tolist()
         ([1.0, 2.0, 3.0], [1, 2, 0])
@@ -53,7 +53,7 @@ def topk(a, k, axis=-1, largest=True, sorted=True):
     ``sorted=False`` is accepted for PyTorch compatibility; the result is
     always sorted.
 
-    Example:
+    Examples:
         >>> values, indices = eo.topk(eo.tensor([1.0, 5.0, 3.0]), 2)
         >>> values.tolist(), indices.tolist()
         ([5.0, 3.0], [1, 2])

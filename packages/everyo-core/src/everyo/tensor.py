@@ -25,7 +25,7 @@ class Tensor:
         requires_grad: whether gradients should be accumulated into ``.grad``.
         dtype: optional dtype to convert ``data`` to.
 
-    Example:
+    Examples:
         >>> x = eo.tensor([[1.0, 2.0]], requires_grad=True)
         >>> (x * x).sum().backward()
         >>> x.grad

@@ -57,7 +57,7 @@ def upsample2d(x, size=2, interpolation="nearest", align_corners=False):
     Shape:
         (N, H, W, C) -> (N, H * sh, W * sw, C).
 
-    Example:
+    Examples:
         >>> eo.upsample2d(eo.ones(1, 2, 3, 4), (2, 3)).shape
         (1, 4, 9, 4)
     """

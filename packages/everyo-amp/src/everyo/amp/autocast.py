@@ -115,7 +115,7 @@ class autocast:
     Works as a context manager and as a decorator, and nests: leaving a block
     restores whatever was in force before it.
 
-    Example:
+    Examples:
         >>> model = eo.Sequential(eo.Linear(8, 4, seed=0), eo.ReLU(), eo.Linear(4, 1, seed=1))
         >>> with eo.autocast():
         ...     output = model(eo.ones(3, 8))

@@ -74,7 +74,7 @@ class GradScaler:
     scaling is unnecessary; a GradScaler still works with it (it only
     multiplies and divides by a power of two, which is exact).
 
-    Example:
+    Examples:
         >>> model, criterion = eo.nn.Linear(4, 2), eo.nn.MSELoss()
         >>> optimizer = eo.SGD(model.parameters(), lr=0.1)
         >>> batch, targets = eo.ones(8, 4), eo.zeros(8, 2)

@@ -26,7 +26,7 @@ class Dataset:
     ``__getitem__(index) -> sample``. A DataLoader accepts any object with
     those two methods; subclassing only documents the intent.
 
-    Example:
+    Examples:
         >>> class Squares(eo.Dataset):
         ...     def __len__(self):
         ...         return 10
@@ -54,7 +54,7 @@ class TensorDataset(Dataset):
     Shape:
         every array (n, ...); a sample is a tuple of (...) rows.
 
-    Example:
+    Examples:
         >>> ds = eo.TensorDataset(np.zeros((5, 3)), np.arange(5))
         >>> len(ds), int(ds[2][1])
         (5, 2)

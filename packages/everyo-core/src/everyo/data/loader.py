@@ -17,7 +17,7 @@ def default_collate(samples):
     are stacked along a new first axis; tuples/lists and dicts are collated field by
     field (a tuple / a dict of batches); strings stay a list.
 
-    Example:
+    Examples:
         >>> from everyo.data.loader import default_collate
         >>> batch = default_collate([(np.zeros(3), 1), (np.ones(3), 0)])
         >>> batch[0].shape, batch[1].data.tolist()
@@ -78,7 +78,7 @@ class DataLoader:
     exactly the batches an uninterrupted one would (a sampler with its own
     ``state_dict`` is saved alongside).
 
-    Example:
+    Examples:
         >>> x, y = np.zeros((100, 3), np.float32), np.arange(100)
         >>> loader = eo.DataLoader(x, y, batch_size=64, shuffle=True, seed=0)
         >>> [(batch.shape, targets.shape) for batch, targets in loader]

@@ -26,7 +26,7 @@ def pad_sequences(sequences, value=0, *, maxlen=None, dtype=None):
         returns ``(batch, lengths)``: NumPy arrays of shape (n, maxlen, ...) and
         (n,) int64 (each length after truncation).
 
-    Example:
+    Examples:
         >>> batch, lengths = eo.pad_sequences([[1, 2, 3], [4]], value=0)
         >>> batch.tolist(), lengths.tolist()
         ([[1, 2, 3], [4, 0, 0]], [3, 1])

@@ -42,7 +42,7 @@ def save(state, path):
     Raises:
         EveryOSerializationError: a value cannot be saved (nothing is written then).
 
-    Example:
+    Examples:
         >>> eo.save({"model": model.state_dict(), "epoch": 3}, "ckpt.npz")  # doctest: +SKIP
     """
     if _is_safetensors(path):
@@ -62,7 +62,7 @@ def load(path):
         EveryOSerializationError: the file is missing, truncated, corrupt,
             foreign, or lies about its contents; the message names the file.
 
-    Example:
+    Examples:
         >>> state = eo.load("ckpt.npz")  # doctest: +SKIP
         >>> model.load_state_dict(state["model"])  # doctest: +SKIP
     """

@@ -119,7 +119,7 @@ def atomic_write(path, write):
         path: the target (str or path-like).
         write: a callable taking the open binary file; its return value is ignored.
 
-    Example:
+    Examples:
         >>> atomic_write("weights.bin", lambda f: f.write(b"..."))  # doctest: +SKIP
     """
     path = os.fspath(path)

@@ -88,7 +88,7 @@ def load_torch_state_dict(module, path, *, transpose_linear=True, strict=True):
             match (the message gives PyTorch's shape and the one expected).
         EveryOSerializationError: the file cannot be read.
 
-    Example:
+    Examples:
         >>> model = eo.Sequential(eo.Linear(4, 8), eo.ReLU(), eo.Linear(8, 2))  # doctest: +SKIP
         >>> eo.load_torch_state_dict(model, "torch_mlp.safetensors")  # doctest: +SKIP
     """

@@ -61,7 +61,7 @@ class Flatten(Module):
         (N, d1, ..., dk) -> (N, d1 * ... * dk) for ``start_axis=1``. A batch of
         0 gives (0, d1 * ... * dk).
 
-    Example:
+    Examples:
         >>> eo.Flatten(start_axis=2)(eo.ones(2, 3, 4, 5)).shape
         (2, 3, 20)
     """
@@ -123,7 +123,7 @@ class GELU(Module):
     Args:
         approximate: ``'none'`` (exact, erf) or ``'tanh'``.
 
-    Example:
+    Examples:
         >>> eo.GELU(approximate="tanh")(eo.ones(2, 3)).shape
         (2, 3)
     """

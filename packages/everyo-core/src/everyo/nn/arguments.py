@@ -6,7 +6,7 @@ later inside NumPy. Shape problems that depend on the input (a window larger
 than the padded input) are :class:`~everyo.errors.EveryOShapeError`\\ s raised
 by :func:`window_fits` at call time.
 
-Example:
+Examples:
     >>> from everyo.nn.arguments import positive_ints
     >>> positive_ints("Conv2D", "kernel_size", 3)
     (3, 3)

@@ -62,7 +62,7 @@ class MultiHeadAttention(Module):
         ``need_weights=True`` returns ``(output, weights)``, weights (batch,
         num_heads, query_len, key_len) before dropout.
 
-    Example:
+    Examples:
         >>> mha = eo.MultiHeadAttention(16, 4, seed=0)
         >>> x = eo.randn(2, 5, 16, seed=1)
         >>> mha(x, is_causal=True).shape

@@ -25,7 +25,7 @@ class ModuleList(Module):
     slicing (a new ModuleList holding the same modules) and deletion work as on a
     list; state_dict keys read like PyTorch's (``layers.0.weight``).
 
-    Example:
+    Examples:
         >>> class Stack(eo.Module):
         ...     def __init__(self):
         ...         super().__init__()
@@ -128,7 +128,7 @@ class ModuleDict(Module):
     A key must be a string without ``'.'`` that is not already an attribute
     (``"keys"`` or ``"training"`` would be shadowed).
 
-    Example:
+    Examples:
         >>> heads = eo.ModuleDict({"cls": eo.Linear(8, 3, seed=0), "reg": eo.Linear(8, 1, seed=1)})
         >>> heads["cls"](eo.ones(2, 8)).shape
         (2, 3)

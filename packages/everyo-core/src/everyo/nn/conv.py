@@ -27,7 +27,7 @@ class Conv2D(Module):
         input (N, H, W, in_channels) -> output (N, OH, OW, out_channels).
         ``weight`` is (kh, kw, in_channels // groups, out_channels), ``bias`` (out_channels,).
 
-    Example:
+    Examples:
         >>> eo.Conv2D(8, 8, 3, padding="same", groups=8, seed=0)(eo.ones(2, 5, 5, 8)).shape
         (2, 5, 5, 8)
     """
@@ -82,7 +82,7 @@ class Conv1D(Module):
         input (N, L, in_channels) -> (N, OL, out_channels).
         ``weight`` is (k, in_channels // groups, out_channels).
 
-    Example:
+    Examples:
         >>> eo.Conv1D(4, 6, 3, padding="causal", dilation=2, seed=0)(eo.ones(2, 10, 4)).shape
         (2, 10, 6)
     """
@@ -150,7 +150,7 @@ class Conv2DTranspose(Module):
         ``weight`` is (kh, kw, in_channels, out_channels), ``bias`` (out_channels,).
         Initialised as PyTorch's ConvTranspose2d: U(+-1/sqrt(out_channels * kh * kw)).
 
-    Example:
+    Examples:
         >>> eo.Conv2DTranspose(4, 2, 3, stride=2, padding="same", seed=0)(eo.ones(1, 5, 5, 4)).shape
         (1, 10, 10, 2)
     """

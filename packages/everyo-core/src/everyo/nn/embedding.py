@@ -28,7 +28,7 @@ class Embedding(Module):
         (num_embeddings, dim). Ids out of range raise ``EveryOIndexError``;
         they never wrap around. Repeated ids accumulate their gradients.
 
-    Example:
+    Examples:
         >>> emb = eo.Embedding(10, 4, seed=0)
         >>> emb(np.array([[1, 2, 2]])).shape
         (1, 3, 4)
@@ -81,7 +81,7 @@ class PositionalEncoding(Module):
     Shape:
         input (batch, time, dim) with time <= max_len -> output of the same shape.
 
-    Example:
+    Examples:
         >>> pe = eo.PositionalEncoding(16, max_len=100, dropout=0.0)
         >>> pe(eo.zeros(2, 7, 16)).shape
         (2, 7, 16)

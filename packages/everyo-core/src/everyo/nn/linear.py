@@ -18,7 +18,7 @@ class Linear(Module):
         input (..., in_features) -> output (..., out_features).
         ``weight`` is (in_features, out_features) (Keras layout), ``bias`` (out_features,).
 
-    Example:
+    Examples:
         >>> layer = eo.Linear(8, 4, seed=0)
         >>> layer(eo.ones(3, 8)).shape
         (3, 4)

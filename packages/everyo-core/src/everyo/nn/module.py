@@ -21,7 +21,7 @@ from everyo.tensor import Parameter, Tensor
 class Module:
     """Base class of every layer and model.
 
-    Example:
+    Examples:
         >>> class Net(eo.Module):
         ...     def __init__(self):
         ...         super().__init__()
@@ -398,7 +398,7 @@ def as_input(layer, x, ndim=None, last_dim=None, what="input"):
 class Sequential(Module):
     """Layers applied in order. ``model[i]``, ``len(model)`` and iteration work.
 
-    Example:
+    Examples:
         >>> model = eo.Sequential(eo.Linear(8, 4, seed=0), eo.ReLU(), eo.Linear(4, 1, seed=1))
         >>> model(eo.ones(3, 8)).shape
         (3, 1)

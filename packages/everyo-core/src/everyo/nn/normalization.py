@@ -129,7 +129,7 @@ class GroupNorm(Module):
     Shape:
         (N, ..., C) -> same shape (any rank >= 2).
 
-    Example:
+    Examples:
         >>> eo.GroupNorm(2, 6)(eo.randn(3, 4, 4, 6, seed=0)).shape
         (3, 4, 4, 6)
     """

@@ -29,7 +29,7 @@ class GlobalAveragePooling2D(_GlobalPool2D):
     Shape:
         (N, H, W, C) -> (N, C), or (N, 1, 1, C) with ``keepdims``.
 
-    Example:
+    Examples:
         >>> eo.GlobalAveragePooling2D()(eo.ones(2, 5, 5, 3)).shape
         (2, 3)
     """
@@ -44,7 +44,7 @@ class GlobalMaxPooling2D(_GlobalPool2D):
     Shape:
         (N, H, W, C) -> (N, C), or (N, 1, 1, C) with ``keepdims``.
 
-    Example:
+    Examples:
         >>> eo.GlobalMaxPooling2D()(eo.ones(2, 5, 5, 3)).shape
         (2, 3)
     """

@@ -183,7 +183,7 @@ class RNN(_RecurrentBase):
     sequence's own end, so padding never reaches a state. The same holds for
     LSTM and GRU.
 
-    Example:
+    Examples:
         >>> rnn = eo.RNN(8, 16, seed=0)
         >>> out, h_n = rnn(eo.randn(4, 10, 8, seed=1))
         >>> out.shape, h_n.shape
@@ -229,7 +229,7 @@ class LSTM(_RecurrentBase):
         Returns ``(output, (h_n, c_n))``: output (batch, time, num_directions *
         hidden_size), ``h_n`` and ``c_n`` the final states of every layer and direction.
 
-    Example:
+    Examples:
         >>> lstm = eo.LSTM(8, 16, num_layers=2, seed=0)
         >>> out, (h_n, c_n) = lstm(eo.randn(4, 10, 8, seed=1))
         >>> out.shape, h_n.shape, c_n.shape
@@ -268,7 +268,7 @@ class GRU(_RecurrentBase):
         input (batch, time, input_size); optional ``h0`` (num_layers *
         num_directions, batch, hidden_size). Returns ``(output, h_n)`` as :class:`RNN`.
 
-    Example:
+    Examples:
         >>> gru = eo.GRU(8, 16, bidirectional=True, seed=0)
         >>> out, h_n = gru(eo.randn(4, 10, 8, seed=1))
         >>> out.shape, h_n.shape

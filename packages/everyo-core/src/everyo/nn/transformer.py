@@ -96,7 +96,7 @@ class TransformerEncoderLayer(_Block):
     Shape:
         src (batch, length, d_model) -> (batch, length, d_model).
 
-    Example:
+    Examples:
         >>> layer = eo.TransformerEncoderLayer(16, 4, dim_feedforward=32, seed=0)
         >>> layer(eo.randn(2, 5, 16, seed=1)).shape
         (2, 5, 16)
@@ -131,7 +131,7 @@ class TransformerDecoderLayer(_Block):
         tgt (batch, tgt_len, d_model), memory (batch, src_len, d_model) ->
         (batch, tgt_len, d_model).
 
-    Example:
+    Examples:
         >>> layer = eo.TransformerDecoderLayer(16, 4, dim_feedforward=32, seed=0)
         >>> layer(eo.randn(2, 5, 16, seed=1), eo.randn(2, 7, 16, seed=2), tgt_is_causal=True).shape
         (2, 5, 16)
@@ -189,7 +189,7 @@ class TransformerEncoder(_Stack):
 
     Call: ``encoder(src, mask=None, src_key_padding_mask=None, is_causal=False)``.
 
-    Example:
+    Examples:
         >>> enc = eo.TransformerEncoder(2, 16, 4, dim_feedforward=32, seed=0)
         >>> enc(eo.randn(2, 5, 16, seed=1)).shape
         (2, 5, 16)
@@ -212,7 +212,7 @@ class TransformerDecoder(_Stack):
     Call: ``decoder(tgt, memory, tgt_mask=None, memory_mask=None, tgt_key_padding_mask=None,
     memory_key_padding_mask=None, tgt_is_causal=False)``.
 
-    Example:
+    Examples:
         >>> dec = eo.TransformerDecoder(2, 16, 4, dim_feedforward=32, seed=0)
         >>> dec(eo.randn(2, 5, 16, seed=1), eo.randn(2, 7, 16, seed=2), tgt_is_causal=True).shape
         (2, 5, 16)

@@ -20,7 +20,7 @@ class UpSampling2D(Module):
     Shape:
         (N, H, W, C) -> (N, H * sh, W * sw, C).
 
-    Example:
+    Examples:
         >>> eo.UpSampling2D(2, interpolation="bilinear")(eo.ones(1, 3, 3, 2)).shape
         (1, 6, 6, 2)
     """

@@ -23,7 +23,7 @@ class Adam(Optimizer):
         betas: two numbers in [0, 1).
         amsgrad: use the running maximum of ``v`` (Reddi et al.).
 
-    Example:
+    Examples:
         >>> model = eo.nn.Linear(4, 1)
         >>> opt = eo.Adam(model.parameters(), lr=1e-3, amsgrad=True)
     """
@@ -80,7 +80,7 @@ class Adam(Optimizer):
 class AdamW(Adam):
     """Adam with decoupled weight decay (Loshchilov & Hutter): ``p *= 1 - lr * wd`` each step.
 
-    Example:
+    Examples:
         >>> model = eo.nn.Linear(4, 1)
         >>> opt = eo.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
     """

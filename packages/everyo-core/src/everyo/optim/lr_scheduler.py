@@ -10,7 +10,7 @@ continues exactly, and an lr changed by hand is overwritten at the next step
 (chain two schedules with :class:`SequentialLR`, not by stacking them).
 ``ReduceLROnPlateau`` is the exception: it reacts to a metric.
 
-Example:
+Examples:
     >>> from everyo.optim.lr_scheduler import CosineAnnealingLR, LinearLR, SequentialLR
     >>> model = eo.nn.Linear(4, 1)
     >>> opt = eo.SGD(model.parameters(), lr=0.1)
@@ -131,7 +131,7 @@ def _copy(value):
 class StepLR(LRScheduler):
     """``lr = initial_lr * gamma ** (last_epoch // step_size)``.
 
-    Example:
+    Examples:
         >>> from everyo.optim.lr_scheduler import StepLR
         >>> opt = eo.SGD(eo.nn.Linear(4, 1).parameters(), lr=0.1)
         >>> scheduler = StepLR(opt, step_size=30, gamma=0.1)
@@ -154,7 +154,7 @@ class StepLR(LRScheduler):
 class MultiStepLR(LRScheduler):
     """``lr = initial_lr * gamma ** (number of milestones <= last_epoch)``.
 
-    Example:
+    Examples:
         >>> from everyo.optim.lr_scheduler import MultiStepLR
         >>> opt = eo.SGD(eo.nn.Linear(4, 1).parameters(), lr=0.1)
         >>> scheduler = MultiStepLR(opt, milestones=[30, 80], gamma=0.1)
@@ -177,7 +177,7 @@ class MultiStepLR(LRScheduler):
 class ExponentialLR(LRScheduler):
     """``lr = initial_lr * gamma ** last_epoch``.
 
-    Example:
+    Examples:
         >>> from everyo.optim.lr_scheduler import ExponentialLR
         >>> opt = eo.SGD(eo.nn.Linear(4, 1).parameters(), lr=0.1)
         >>> scheduler = ExponentialLR(opt, gamma=0.95)
@@ -200,7 +200,7 @@ class CosineAnnealingLR(LRScheduler):
     """``lr = eta_min + (initial_lr - eta_min) * (1 + cos(pi * last_epoch / T_max)) / 2``
     (SGDR without restarts; past ``T_max`` the cosine goes on, as in PyTorch).
 
-    Example:
+    Examples:
         >>> from everyo.optim.lr_scheduler import CosineAnnealingLR
         >>> opt = eo.SGD(eo.nn.Linear(4, 1).parameters(), lr=0.1)
         >>> scheduler = CosineAnnealingLR(opt, T_max=100, eta_min=1e-5)
@@ -224,7 +224,7 @@ class LinearLR(LRScheduler):
     """Linear warm-up (or decay): the factor on ``initial_lr`` goes from
     ``start_factor`` to ``end_factor`` over ``total_iters`` steps, then stays.
 
-    Example:
+    Examples:
         >>> from everyo.optim.lr_scheduler import LinearLR
         >>> opt = eo.SGD(eo.nn.Linear(4, 1).parameters(), lr=0.1)
         >>> scheduler = LinearLR(opt, start_factor=0.01, total_iters=500)
@@ -257,7 +257,7 @@ class OneCycleLR(LRScheduler):
         total_steps: the number of steps, or give ``epochs`` and ``steps_per_epoch``.
         anneal_strategy: ``"cos"`` or ``"linear"``.
 
-    Example:
+    Examples:
         >>> from everyo.optim.lr_scheduler import OneCycleLR
         >>> opt = eo.SGD(eo.nn.Linear(4, 1).parameters(), lr=0.1)
         >>> loader = eo.data.DataLoader(eo.data.TensorDataset(eo.randn(64, 4)), batch_size=16)
@@ -345,7 +345,7 @@ class SequentialLR(LRScheduler):
     """Runs ``schedulers`` one after another, switching at ``milestones``; each
     starts from its own step 0 when its turn comes (PyTorch's semantics).
 
-    Example:
+    Examples:
         >>> from everyo.optim.lr_scheduler import CosineAnnealingLR, LinearLR, SequentialLR
         >>> opt = eo.SGD(eo.nn.Linear(4, 1).parameters(), lr=0.1)
         >>> warmup = LinearLR(opt, start_factor=0.1, total_iters=5)
@@ -420,7 +420,7 @@ class ReduceLROnPlateau:
     after a reduction, ``cooldown`` steps are not counted; lrs stop at ``min_lr``,
     and a change smaller than ``eps`` is skipped).
 
-    Example:
+    Examples:
         >>> from everyo.optim.lr_scheduler import ReduceLROnPlateau
         >>> opt = eo.SGD(eo.nn.Linear(4, 1).parameters(), lr=0.1)
         >>> scheduler = ReduceLROnPlateau(opt, mode="min", factor=0.5, patience=3)

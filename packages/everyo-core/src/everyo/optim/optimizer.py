@@ -20,7 +20,7 @@ class Optimizer:
 
     Subclasses set ``_hyper`` (name -> check, from :mod:`everyo.optim.hyper`).
 
-    Example:
+    Examples:
         >>> model = eo.nn.Linear(4, 2)
         >>> decay = [p for p in model.parameters() if p.ndim > 1]
         >>> no_decay = [p for p in model.parameters() if p.ndim <= 1]

@@ -20,7 +20,7 @@ class RMSprop(Optimizer):
         alpha: smoothing constant in [0, 1].
         centered: normalize by the estimated variance of the gradient instead of its second moment.
 
-    Example:
+    Examples:
         >>> model = eo.nn.Linear(4, 1)
         >>> opt = eo.RMSprop(model.parameters(), lr=1e-3, momentum=0.9, centered=True)
     """

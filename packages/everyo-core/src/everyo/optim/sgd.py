@@ -21,7 +21,7 @@ class SGD(Optimizer):
         weight_decay: a number >= 0.
         nesterov: Nesterov momentum (needs momentum > 0 and dampening == 0).
 
-    Example:
+    Examples:
         >>> model = eo.nn.Linear(4, 1)
         >>> opt = eo.SGD(model.parameters(), lr=0.05, momentum=0.9)
     """

@@ -137,7 +137,7 @@ def split_blocks(n: int, world_size: int):
     """``[(lo, hi), ...]``: rank ``r`` owns ``range(lo, hi)`` of ``n`` items; contiguous, in
     rank order, lengths differing by at most one (the first ``n % world_size`` get one more).
 
-    Example:
+    Examples:
         >>> from everyo.distributed.protocol import split_blocks
         >>> split_blocks(10, 3)
         [(0, 4), (4, 7), (7, 10)]

@@ -29,7 +29,7 @@ def shard_indices(n: int, rank: int, world_size: int) -> np.ndarray:
     step per epoch (the spec's example), the shards together are the global
     batch and averaging is exact when ``n % world_size == 0``.
 
-    Example:
+    Examples:
         >>> from everyo.distributed.sharding import shard_indices
         >>> [shard_indices(10, r, 3).tolist() for r in range(3)]
         [[0, 1, 2, 3], [4, 5, 6], [7, 8, 9]]
