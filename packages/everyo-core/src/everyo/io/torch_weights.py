@@ -24,6 +24,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from everyo.errors import EveryOStateDictError
+from everyo.nn.module import key_problems
 from everyo.tensor import Tensor
 
 _IGNORED_BUFFERS = ("num_batches_tracked",)
@@ -121,13 +122,7 @@ def load_torch_state_dict(module, path, *, transpose_linear=True, strict=True):
                 continue
             converted[key] = value
     unexpected = sorted(k for k in tensors if k not in used and k.rsplit(".", 1)[-1] not in _IGNORED_BUFFERS)
-    problems = []
-    if missing and strict:
-        problems.append(f"missing keys {missing}")
-    if unexpected and strict:
-        problems.append(f"unexpected keys {unexpected}")
-    if mismatched:
-        problems.append("shape mismatch for " + "; ".join(mismatched))
+    problems = key_problems(missing, unexpected, mismatched, strict)
     if problems:
         raise EveryOStateDictError(
             f"cannot load PyTorch weights from {source} into {type(module).__name__}: " + "; ".join(problems)

@@ -18,6 +18,20 @@ from everyo.errors import EveryODTypeError, EveryOShapeError, EveryOStateDictErr
 from everyo.tensor import Parameter, Tensor
 
 
+def key_problems(missing, unexpected, mismatched, strict):
+    """The parts of a state-dict loading error: missing and unexpected keys
+    (only when ``strict``) and shape mismatches (always). Shared by
+    :meth:`Module.load_state_dict` and :func:`everyo.io.load_torch_state_dict`."""
+    problems = []
+    if missing and strict:
+        problems.append(f"missing keys {missing}")
+    if unexpected and strict:
+        problems.append(f"unexpected keys {unexpected}")
+    if mismatched:
+        problems.append("shape mismatch for " + "; ".join(mismatched))
+    return problems
+
+
 class Module:
     """Base class of every layer and model.
 
@@ -250,13 +264,7 @@ class Module:
             f"{k}: model has {targets[k].data.shape}, state dict has {given[k].shape}"
             for k in targets if k in given and given[k].shape != targets[k].data.shape
         ]
-        problems = []
-        if missing and strict:
-            problems.append(f"missing keys {missing}")
-        if unexpected and strict:
-            problems.append(f"unexpected keys {unexpected}")
-        if mismatched:
-            problems.append("shape mismatch for " + "; ".join(mismatched))
+        problems = key_problems(missing, unexpected, mismatched, strict)
         for k in generators:
             if k in given:
                 try:

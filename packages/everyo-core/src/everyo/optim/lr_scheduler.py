@@ -74,7 +74,7 @@ class LRScheduler:
         return {}
 
     def _lr(self, i, base_lr):
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__} must implement _lr(group_index, base_lr)")
 
     def get_lr(self):
         """The lr of each param group at ``last_epoch``."""
