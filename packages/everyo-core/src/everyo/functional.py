@@ -11,7 +11,7 @@ from everyo.axes import check_permutation, normalize_axes, normalize_axis
 from everyo.dispatch import FLOAT32, LOW_PRECISION, primitive
 from everyo.errors import EveryOShapeError
 from everyo.casting import convert as _convert
-from everyo.half import Rounded, _down, _float_to_half, _half_to_float, _rounded, _up, is_low_precision, takes_rounded
+from everyo.half import Rounded, _down, _rounded, _up, is_low_precision, takes_rounded
 from everyo.random import default_generator
 from everyo.tensor import Tensor
 
