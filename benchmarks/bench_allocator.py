@@ -9,6 +9,7 @@ so the two rows compare like with like.
 
     python benchmarks/bench_allocator.py
 """
+
 import json
 import os
 import statistics
@@ -49,8 +50,9 @@ print(json.dumps({"ratio": median_ratio(times["everyo"], times["numpy"]),
 
 def run(mode):
     env = dict(os.environ, EVERYO_BENCH_DEFAULT_MALLOC="1" if mode == "default" else "0")
-    out = subprocess.run([sys.executable, "-c", CHILD, str(HERE), mode], capture_output=True, text=True, check=True,
-                         env=env)
+    out = subprocess.run(
+        [sys.executable, "-c", CHILD, str(HERE), mode], capture_output=True, text=True, check=True, env=env
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -61,8 +63,11 @@ def main():
     for mode, label in (("default", "import everyo (malloc untouched)"), ("tuned", "after eo.tune_allocator()")):
         r = run(mode)
         rows.append([label, r["everyo_ms"], r["numpy_ms"], r["ratio"], r["everyo_faults"], r["numpy_faults"]])
-    print_table("Spec MLP, 60 SGD steps: EveryO vs hand-written NumPy (median of interleaved runs)",
-                ["malloc", "everyo ms", "numpy ms", "ratio", "everyo faults", "numpy faults"], rows)
+    print_table(
+        "Spec MLP, 60 SGD steps: EveryO vs hand-written NumPy (median of interleaved runs)",
+        ["malloc", "everyo ms", "numpy ms", "ratio", "everyo faults", "numpy faults"],
+        rows,
+    )
 
 
 if __name__ == "__main__":

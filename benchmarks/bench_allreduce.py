@@ -25,6 +25,7 @@ Targets (issue 5, on the 2-core machine): under 50 us at 1e3 elements; within
 least 1.6x faster than at 1; (issue 7) TCP at least as fast as gloo from 1e6
 elements. They are printed beside the figures, not asserted.
 """
+
 import argparse
 import json
 import os
@@ -38,7 +39,7 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 SIZES = (10**3, 10**5, 10**6, 10**7)
-REPEATS = 5   # timed repetitions per size per round; each repetition is many calls
+REPEATS = 5  # timed repetitions per size per round; each repetition is many calls
 
 
 def calls_for(size):
@@ -82,7 +83,7 @@ def mpi_worker(sizes, everyo_group=False):
         x = np.full(size, comm.rank + 1, np.float32)
         y = np.empty_like(x)
         out[size] = time_loop(lambda: comm.Allreduce(x, y, op=MPI.SUM), size, comm.Barrier)
-    if everyo_group:   # EveryO's MPI group on the same ranks (float64 reduction, agreement check)
+    if everyo_group:  # EveryO's MPI group on the same ranks (float64 reduction, agreement check)
         from everyo.distributed_mpi import init_mpi_process_group
 
         with init_mpi_process_group(comm) as group:
@@ -108,8 +109,7 @@ def mpiexec_if_available():
 def mpi_round(mpiexec, sizes, everyo_group=False):
     cmd = [mpiexec, "-n", "2", sys.executable, __file__, "--mpi-worker", "--sizes", *map(str, sizes)]
     cmd += ["--everyo-group"] if everyo_group else []
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
     if proc.returncode != 0:
         raise RuntimeError(f"mpiexec failed ({proc.returncode}):\n{proc.stderr[-2000:]}")
     return {int(k) if k.isdigit() else k: v for k, v in json.loads(proc.stdout.strip().splitlines()[-1]).items()}
@@ -142,8 +142,18 @@ def allreduce_table(rounds, sizes):
         runs["copyto"].append(copyto_round(sizes))
         print(f"  round {r + 1}/{rounds} done", file=sys.stderr, flush=True)
 
-    headers = ["elements", "EveryO sum", "GB/s", "EveryO mean", "mpi4py Allreduce", "sum / MPI", "np.copyto",
-               "sum / copyto", "target", "met"]
+    headers = [
+        "elements",
+        "EveryO sum",
+        "GB/s",
+        "EveryO mean",
+        "mpi4py Allreduce",
+        "sum / MPI",
+        "np.copyto",
+        "sum / copyto",
+        "target",
+        "met",
+    ]
     rows = []
     for size in sizes:
         shm = statistics.median(run[size] for run in runs["shm"])
@@ -157,10 +167,13 @@ def allreduce_table(rounds, sizes):
             row += [fmt_time(mpi), f"{ratio:.2f}x"]
         else:
             row += ["-", "-"]
-        row += [fmt_time(copy), f"{statistics.median(a[size] / b[size] for a, b in zip(runs['shm'], runs['copyto'])):.1f}x"]
+        row += [
+            fmt_time(copy),
+            f"{statistics.median(a[size] / b[size] for a, b in zip(runs['shm'], runs['copyto'])):.1f}x",
+        ]
         if size <= 10**3:
             row += ["< 50 us", str(shm < 50e-6)]
-        elif size == 10**6:   # issue 15: algorithm bandwidth (bytes of the array / time)
+        elif size == 10**6:  # issue 15: algorithm bandwidth (bytes of the array / time)
             row += [">= 10 GB/s", str(size * 4 / shm / 1e9 >= 10)]
         elif size >= 10**6:
             row += ["<= 1.5x MPI", "-" if ratio is None else str(ratio <= 1.5)]
@@ -184,7 +197,7 @@ def tcp_worker(group, sizes, with_gloo):
     server = TCPRendezvousServer(port=0, world_size=group.world_size) if group.rank == 0 else None
     gloo_port = 0
     if group.rank == 0 and with_gloo:
-        with socket.socket() as probe:   # a free port for gloo's own rendezvous store
+        with socket.socket() as probe:  # a free port for gloo's own rendezvous store
             probe.bind(("127.0.0.1", 0))
             gloo_port = probe.getsockname()[1]
     ports = group.broadcast(np.array([server.port if server else 0, gloo_port]), root=0)
@@ -196,8 +209,9 @@ def tcp_worker(group, sizes, with_gloo):
                 import torch.distributed as dist
 
                 torch.set_num_threads(1)
-                dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{int(ports[1])}",
-                                        rank=group.rank, world_size=group.world_size)
+                dist.init_process_group(
+                    "gloo", init_method=f"tcp://127.0.0.1:{int(ports[1])}", rank=group.rank, world_size=group.world_size
+                )
             out = {}
             for size in sizes:
                 x = np.full(size, group.rank + 1, np.float32)
@@ -244,8 +258,19 @@ def backends_table(rounds, sizes):
     def med(name, key):
         return statistics.median(run[key] for run in runs[name])
 
-    headers = ["elements", "TCP sum", "TCP mean", "gloo", "TCP / gloo", "target", "met",
-               "MPI group sum", "MPI group mean", "mpi4py", "group / mpi4py"]
+    headers = [
+        "elements",
+        "TCP sum",
+        "TCP mean",
+        "gloo",
+        "TCP / gloo",
+        "target",
+        "met",
+        "MPI group sum",
+        "MPI group mean",
+        "mpi4py",
+        "group / mpi4py",
+    ]
     rows = []
     for size in sizes:
         row = [f"{size:.0e}", fmt_time(med("tcp", size)), fmt_time(med("tcp", ("mean", size)))]
@@ -257,14 +282,20 @@ def backends_table(rounds, sizes):
             row += ["-", "-"]
         if runs["mpi"]:
             ratio = statistics.median(run[f"group {size}"] / run[size] for run in runs["mpi"])
-            row += [fmt_time(med("mpi", f"group {size}")), fmt_time(med("mpi", f"group mean {size}")),
-                    fmt_time(med("mpi", size)), f"{ratio:.2f}x"]
+            row += [
+                fmt_time(med("mpi", f"group {size}")),
+                fmt_time(med("mpi", f"group mean {size}")),
+                fmt_time(med("mpi", size)),
+                f"{ratio:.2f}x",
+            ]
         else:
             row += ["-"] * 4
         rows.append(row)
-    notes = ["TCP and gloo run in the same two processes, taking turns; the ratio is the median of the "
-             "per-turn ratios. TCP and the MPI group reduce in float64 and return a new array; gloo and "
-             "raw mpi4py sum float32 in place (into a preallocated buffer)."]
+    notes = [
+        "TCP and gloo run in the same two processes, taking turns; the ratio is the median of the "
+        "per-turn ratios. TCP and the MPI group reduce in float64 and return a new array; gloo and "
+        "raw mpi4py sum float32 in place (into a preallocated buffer)."
+    ]
     if not have_torch:
         notes.append("torch is not installed, so there is no gloo column (pip install torch to compare).")
     if not mpiexec:
@@ -318,22 +349,27 @@ def main():
 
     print(machine_info())
     print(blas_info())
-    print(f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}, load average "
-          f"{os.getloadavg()[0]:.2f} (other processes on the machine slow everything down)\n")
+    print(
+        f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}, load average "
+        f"{os.getloadavg()[0]:.2f} (other processes on the machine slow everything down)\n"
+    )
     headers, rows = allreduce_table(args.rounds, sizes)
-    print_table(f"all_reduce_sum of float32 at 2 ranks (median of {args.rounds} interleaved rounds)",
-                headers, rows)
+    print_table(f"all_reduce_sum of float32 at 2 ranks (median of {args.rounds} interleaved rounds)", headers, rows)
     if not args.no_backends:
         headers, rows, notes = backends_table(args.rounds, sizes)
-        print_table(f"other process groups at 2 ranks, float32 (median of {args.rounds} interleaved rounds)",
-                    headers, rows)
+        print_table(
+            f"other process groups at 2 ranks, float32 (median of {args.rounds} interleaved rounds)", headers, rows
+        )
         for note in notes:
             print("note:", note)
     if args.training:
         ratio, rows = training_table(max(3, args.rounds // 2))
-        print_table("spec training (60 steps, 4096 rows, OMP_NUM_THREADS=1): seconds of the slowest "
-                    "rank's loop, median of interleaved rounds",
-                    ["workers", "seconds"], rows)
+        print_table(
+            "spec training (60 steps, 4096 rows, OMP_NUM_THREADS=1): seconds of the slowest "
+            "rank's loop, median of interleaved rounds",
+            ["workers", "seconds"],
+            rows,
+        )
         print(f"2 workers vs 1: {ratio:.2f}x faster (target >= 1.6x: {ratio >= 1.6})")
 
 

@@ -20,6 +20,7 @@ CPU autocast (float16 and bfloat16) against PyTorch's float32, as ratios too.
 Memory: bytes NumPy still holds after forward + loss with the graph alive
 (tracemalloc), i.e. the saved activations.
 """
+
 import contextlib
 import math
 import os
@@ -48,8 +49,9 @@ def mlp_case():
     y = eo.tensor(rng.standard_normal((4096, 1)).astype(np.float32))
 
     def make():
-        return eo.Sequential(eo.Linear(64, 128, seed=0), eo.ReLU(), eo.Linear(128, 128, seed=1), eo.ReLU(),
-                             eo.Linear(128, 1, seed=2))
+        return eo.Sequential(
+            eo.Linear(64, 128, seed=0), eo.ReLU(), eo.Linear(128, 128, seed=1), eo.ReLU(), eo.Linear(128, 1, seed=2)
+        )
 
     return make, x, y, eo.mse_loss
 
@@ -61,9 +63,17 @@ def cnn_case():
 
     def make():
         return eo.Sequential(
-            eo.Conv2D(1, 16, 3, padding="same", seed=0), eo.BatchNorm2D(16), eo.ReLU(), eo.MaxPool2D(2),
-            eo.Conv2D(16, 32, 3, padding="same", seed=1), eo.BatchNorm2D(32), eo.ReLU(), eo.MaxPool2D(2),
-            eo.Flatten(), eo.Dropout(0.25, seed=3), eo.Linear(32 * 2 * 2, 10, seed=2),
+            eo.Conv2D(1, 16, 3, padding="same", seed=0),
+            eo.BatchNorm2D(16),
+            eo.ReLU(),
+            eo.MaxPool2D(2),
+            eo.Conv2D(16, 32, 3, padding="same", seed=1),
+            eo.BatchNorm2D(32),
+            eo.ReLU(),
+            eo.MaxPool2D(2),
+            eo.Flatten(),
+            eo.Dropout(0.25, seed=3),
+            eo.Linear(32 * 2 * 2, 10, seed=2),
         )
 
     return make, x, y, eo.cross_entropy
@@ -142,9 +152,14 @@ def time_workload(name, case, dtype, scaled, repeats, threads, have_torch):
         fns.update(torch_steps(name))
     with torch_threads(threads if have_torch else None):
         times = interleaved(fns, repeats=repeats, warmup=2)
-    return {k: statistics.median(v) for k, v in times.items()}, \
-        {k: median_ratio(v, times["float32" if not k.startswith("torch") else "torch float32"])
-         for k, v in times.items()}, times
+    return (
+        {k: statistics.median(v) for k, v in times.items()},
+        {
+            k: median_ratio(v, times["float32" if not k.startswith("torch") else "torch float32"])
+            for k, v in times.items()
+        },
+        times,
+    )
 
 
 def memory_ratio(case, dtype):
@@ -179,23 +194,40 @@ def torch_steps(name):
     torch.manual_seed(0)
     nn = torch.nn
     if name.startswith("seed MLP"):
+
         def make():
             return nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 128), nn.ReLU(), nn.Linear(128, 1))
+
         x, y, loss_fn = torch.randn(4096, 64), torch.randn(4096, 1), nn.functional.mse_loss
     elif name.startswith("digit CNN"):
+
         def make():
-            return nn.Sequential(nn.Conv2d(1, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(), nn.MaxPool2d(2),
-                                 nn.Conv2d(16, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(), nn.MaxPool2d(2),
-                                 nn.Flatten(), nn.Dropout(0.25), nn.Linear(128, 10))
+            return nn.Sequential(
+                nn.Conv2d(1, 16, 3, padding=1),
+                nn.BatchNorm2d(16),
+                nn.ReLU(),
+                nn.MaxPool2d(2),
+                nn.Conv2d(16, 32, 3, padding=1),
+                nn.BatchNorm2d(32),
+                nn.ReLU(),
+                nn.MaxPool2d(2),
+                nn.Flatten(),
+                nn.Dropout(0.25),
+                nn.Linear(128, 10),
+            )
+
         x, y, loss_fn = torch.randn(512, 1, 8, 8), torch.randint(0, 10, (512,)), nn.functional.cross_entropy
     else:
+
         def torch_gelu(t):
             return 0.5 * t * (1.0 + torch.tanh(GELU_C * (t + 0.044715 * t * t * t)))
 
         def make():
-            layer = nn.TransformerEncoderLayer(64, 4, dim_feedforward=128, dropout=0.1, activation=torch_gelu,
-                                               batch_first=True)
+            layer = nn.TransformerEncoderLayer(
+                64, 4, dim_feedforward=128, dropout=0.1, activation=torch_gelu, batch_first=True
+            )
             return nn.TransformerEncoder(layer, num_layers=2, enable_nested_tensor=False)
+
         x, y, loss_fn = torch.randn(32, 32, 64), torch.randn(32, 32, 64), nn.functional.mse_loss
 
     def stepper(dtype):
@@ -211,8 +243,11 @@ def torch_steps(name):
 
         return step
 
-    return {"torch float32": stepper(None), "torch float16": stepper(torch.float16),
-            "torch bfloat16": stepper(torch.bfloat16)}
+    return {
+        "torch float32": stepper(None),
+        "torch float16": stepper(torch.float16),
+        "torch bfloat16": stepper(torch.bfloat16),
+    }
 
 
 def main(repeats=9):
@@ -234,8 +269,15 @@ def main(repeats=9):
             for name, case, dtype, scaled, target in WORKLOADS:
                 medians, ratios, _ = time_workload(name, case, dtype, scaled, repeats, threads, have_torch)
                 ratio = ratios["autocast"]
-                row = [name, label, medians["float32"] * 1e3, medians["autocast"] * 1e3, ratio, f"<= {target}",
-                       "yes" if ratio <= target else "NO"]
+                row = [
+                    name,
+                    label,
+                    medians["float32"] * 1e3,
+                    medians["autocast"] * 1e3,
+                    ratio,
+                    f"<= {target}",
+                    "yes" if ratio <= target else "NO",
+                ]
                 if have_torch:
                     own = medians["autocast"] / medians[f"torch {dtype}"]
                     row += [ratios["torch float16"], ratios["torch bfloat16"], own]
@@ -243,13 +285,20 @@ def main(repeats=9):
     headers = ["workload", "BLAS threads", "float32 ms", "autocast ms", "ratio", "target", "met"]
     if have_torch:
         headers += ["torch f16/f32", "torch bf16/f32", "EveryO/torch autocast"]
-    print_table("One SGD training step, autocast vs float32 (float16 steps include GradScaler)\n"
-                "times: medians of interleaved runs; ratio: median of pairwise ratios autocast/float32;\n"
-                "torch columns: PyTorch's CPU autocast step / its float32 step, same rounds; last column:\n"
-                "EveryO's autocast step / PyTorch's autocast step in the same 16-bit type (medians)", headers, rows)
+    print_table(
+        "One SGD training step, autocast vs float32 (float16 steps include GradScaler)\n"
+        "times: medians of interleaved runs; ratio: median of pairwise ratios autocast/float32;\n"
+        "torch columns: PyTorch's CPU autocast step / its float32 step, same rounds; last column:\n"
+        "EveryO's autocast step / PyTorch's autocast step in the same 16-bit type (medians)",
+        headers,
+        rows,
+    )
     mem = [[name, memory_ratio(case, dtype), "<= 0.6"] for name, case, dtype, _, _ in WORKLOADS]
-    print_table("Saved activations under autocast / float32 (bytes NumPy holds after forward + loss)",
-                ["workload", "ratio", "target"], mem)
+    print_table(
+        "Saved activations under autocast / float32 (bytes NumPy holds after forward + loss)",
+        ["workload", "ratio", "target"],
+        mem,
+    )
 
 
 if __name__ == "__main__":

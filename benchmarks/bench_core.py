@@ -16,6 +16,7 @@ ratios, because this 2-core machine flips between fast and slow states.
 
     python benchmarks/bench_core.py
 """
+
 import statistics
 import sys
 from pathlib import Path
@@ -39,8 +40,9 @@ def mlp_data():
 
 
 def build_mlp():
-    return eo.Sequential(eo.Linear(64, 128, seed=0), eo.ReLU(), eo.Linear(128, 128, seed=1), eo.ReLU(),
-                         eo.Linear(128, 1, seed=2))
+    return eo.Sequential(
+        eo.Linear(64, 128, seed=0), eo.ReLU(), eo.Linear(128, 128, seed=1), eo.ReLU(), eo.Linear(128, 1, seed=2)
+    )
 
 
 def everyo_mlp(x, y):
@@ -79,9 +81,14 @@ def numpy_mlp(x, y):
 
 def build_cnn():
     return eo.Sequential(
-        eo.Conv2D(1, 16, 3, padding="same", seed=0), eo.ReLU(), eo.MaxPool2D(2),
-        eo.Conv2D(16, 32, 3, padding="same", seed=1), eo.ReLU(), eo.MaxPool2D(2),
-        eo.Flatten(), eo.Linear(2 * 2 * 32, 10, seed=2),
+        eo.Conv2D(1, 16, 3, padding="same", seed=0),
+        eo.ReLU(),
+        eo.MaxPool2D(2),
+        eo.Conv2D(16, 32, 3, padding="same", seed=1),
+        eo.ReLU(),
+        eo.MaxPool2D(2),
+        eo.Flatten(),
+        eo.Linear(2 * 2 * 32, 10, seed=2),
     )
 
 
@@ -108,7 +115,7 @@ def _col2im(gcols, shape, k):
     gxp = np.zeros((n, h + 2, w + 2, c), dtype=gcols.dtype)
     for i in range(k):
         for j in range(k):
-            gxp[:, i:i + h, j:j + w, :] += g[..., i, j]
+            gxp[:, i : i + h, j : j + w, :] += g[..., i, j]
     return gxp[:, 1:-1, 1:-1, :]
 
 
@@ -164,8 +171,13 @@ def numpy_cnn_step(params, x, y):
 
 def build_cnn28():
     return eo.Sequential(
-        eo.Conv2D(1, 32, 3, seed=0), eo.ReLU(), eo.MaxPool2D(2),
-        eo.Conv2D(32, 64, 3, seed=1), eo.ReLU(), eo.Flatten(), eo.Linear(11 * 11 * 64, 10, seed=2),
+        eo.Conv2D(1, 32, 3, seed=0),
+        eo.ReLU(),
+        eo.MaxPool2D(2),
+        eo.Conv2D(32, 64, 3, seed=1),
+        eo.ReLU(),
+        eo.Flatten(),
+        eo.Linear(11 * 11 * 64, 10, seed=2),
     )
 
 
@@ -176,8 +188,15 @@ def torch_cnn28_step_fn(model, x, y):
     except ImportError:
         return None
     conv1, conv2, lin = model[0], model[3], model[6]
-    net = torch.nn.Sequential(torch.nn.Conv2d(1, 32, 3), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
-                              torch.nn.Conv2d(32, 64, 3), torch.nn.ReLU(), torch.nn.Flatten(), torch.nn.Linear(7744, 10))
+    net = torch.nn.Sequential(
+        torch.nn.Conv2d(1, 32, 3),
+        torch.nn.ReLU(),
+        torch.nn.MaxPool2d(2),
+        torch.nn.Conv2d(32, 64, 3),
+        torch.nn.ReLU(),
+        torch.nn.Flatten(),
+        torch.nn.Linear(7744, 10),
+    )
     with torch.no_grad():
         for tconv, conv in ((net[0], conv1), (net[3], conv2)):
             tconv.weight.copy_(torch.from_numpy(conv.weight.data.transpose(3, 2, 0, 1).copy()))
@@ -210,18 +229,28 @@ def cnn28_rows():
     xt = eo.tensor(x)
     if made is None:
         t = interleaved({"everyo": lambda: everyo_cnn_step(model, opt, xt, y)}, repeats=9, warmup=2)
-        return [["28x28 CNN train step, batch 128", statistics.median(t["everyo"]) * 1e3, "-", "-", "<= 1.3"]], \
-            "torch is not installed: no PyTorch column (pip install torch to compare)."
+        return [
+            ["28x28 CNN train step, batch 128", statistics.median(t["everyo"]) * 1e3, "-", "-", "<= 1.3"]
+        ], "torch is not installed: no PyTorch column (pip install torch to compare)."
     step, torch = made
     # Same weights, same data: the first losses must agree (same computation).
     first = eo.cross_entropy(model(xt), y).item()
     agree = abs(first - step()) < 1e-4
     t = interleaved({"everyo": lambda: everyo_cnn_step(model, opt, xt, y), "torch": step}, repeats=15, warmup=2)
-    rows = [["28x28 CNN train step, batch 128", statistics.median(t["everyo"]) * 1e3,
-             statistics.median(t["torch"]) * 1e3, median_ratio(t["everyo"], t["torch"]), "<= 1.3"]]
-    note = (f"PyTorch {torch.__version__}, {torch.get_num_threads()} threads; first-step losses "
-            f"{'agree' if agree else 'DISAGREE'} ({first:.6f}); ratio of fastest runs "
-            f"{min(t['everyo']) / min(t['torch']):.3g}")
+    rows = [
+        [
+            "28x28 CNN train step, batch 128",
+            statistics.median(t["everyo"]) * 1e3,
+            statistics.median(t["torch"]) * 1e3,
+            median_ratio(t["everyo"], t["torch"]),
+            "<= 1.3",
+        ]
+    ]
+    note = (
+        f"PyTorch {torch.__version__}, {torch.get_num_threads()} threads; first-step losses "
+        f"{'agree' if agree else 'DISAGREE'} ({first:.6f}); ratio of fastest runs "
+        f"{min(t['everyo']) / min(t['torch']):.3g}"
+    )
     return rows, note
 
 
@@ -233,25 +262,48 @@ def main():
     # Same arithmetic: both start from the same weights and must end close.
     drift = max(np.abs(p.data - q).max() for p, q in zip(everyo_mlp(x, y).parameters(), numpy_mlp(x, y)))
     t = interleaved({"everyo": lambda: everyo_mlp(x, y), "numpy": lambda: numpy_mlp(x, y)}, repeats=9)
-    rows = [["MLP 64-128-128-1, 4096 rows, 60 SGD steps", statistics.median(t["everyo"]) * 1e3,
-             statistics.median(t["numpy"]) * 1e3, median_ratio(t["everyo"], t["numpy"]), "<= 1.25"]]
+    rows = [
+        [
+            "MLP 64-128-128-1, 4096 rows, 60 SGD steps",
+            statistics.median(t["everyo"]) * 1e3,
+            statistics.median(t["numpy"]) * 1e3,
+            median_ratio(t["everyo"], t["numpy"]),
+            "<= 1.25",
+        ]
+    ]
 
     cx, cy = cnn_data()
     model = build_cnn()
     opt = eo.SGD(model.parameters(), lr=0.01)
     params = [p.data.copy() for p in build_cnn().parameters()]
     xt = eo.tensor(cx)
-    t = interleaved({"everyo": lambda: everyo_cnn_step(model, opt, xt, cy),
-                     "numpy": lambda: numpy_cnn_step(params, cx, cy)}, repeats=15, warmup=2)
-    rows.append(["digit CNN train step, batch 256, 8x8x1", statistics.median(t["everyo"]) * 1e3,
-                 statistics.median(t["numpy"]) * 1e3, median_ratio(t["everyo"], t["numpy"]), "<= 1.5"])
-    print_table("Training time: EveryO vs hand-written NumPy (median of interleaved runs)",
-                ["workload", "everyo ms", "numpy ms", "ratio", "target"], rows)
+    t = interleaved(
+        {"everyo": lambda: everyo_cnn_step(model, opt, xt, cy), "numpy": lambda: numpy_cnn_step(params, cx, cy)},
+        repeats=15,
+        warmup=2,
+    )
+    rows.append(
+        [
+            "digit CNN train step, batch 256, 8x8x1",
+            statistics.median(t["everyo"]) * 1e3,
+            statistics.median(t["numpy"]) * 1e3,
+            median_ratio(t["everyo"], t["numpy"]),
+            "<= 1.5",
+        ]
+    )
+    print_table(
+        "Training time: EveryO vs hand-written NumPy (median of interleaved runs)",
+        ["workload", "everyo ms", "numpy ms", "ratio", "target"],
+        rows,
+    )
     print(f"MLP weights after 60 steps, max |everyo - numpy| = {drift:.2e} (same arithmetic)")
     print()
     rows, note = cnn28_rows()
-    print_table("Training time: EveryO vs PyTorch (median of interleaved runs)",
-                ["workload", "everyo ms", "torch ms", "ratio", "target"], rows)
+    print_table(
+        "Training time: EveryO vs PyTorch (median of interleaved runs)",
+        ["workload", "everyo ms", "torch ms", "ratio", "target"],
+        rows,
+    )
     print(note)
 
 

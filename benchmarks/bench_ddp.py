@@ -17,6 +17,7 @@ machine a multi-threaded BLAS in the single process spin-waits for cores.
 
 Target (issue 15): 2 workers >= 1.85x one process on both models.
 """
+
 import argparse
 import os
 import platform
@@ -93,11 +94,18 @@ def main():
 
     from everyo.distributed import available_cores, spawn
 
-    blas = [f"{p.get('internal_api')} {p.get('version')} ({p.get('threading_layer')}, threads={p.get('num_threads')})"
-            for p in threadpool_info() if p.get("user_api") == "blas"]
-    print(f"{available_cores()} cores, {platform.machine()}, Python {platform.python_version()}, NumPy {np.__version__}")
-    print(f"BLAS: {', '.join(blas) or 'unknown'}; OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}, "
-          f"load average {os.getloadavg()[0]:.2f}")
+    blas = [
+        f"{p.get('internal_api')} {p.get('version')} ({p.get('threading_layer')}, threads={p.get('num_threads')})"
+        for p in threadpool_info()
+        if p.get("user_api") == "blas"
+    ]
+    print(
+        f"{available_cores()} cores, {platform.machine()}, Python {platform.python_version()}, NumPy {np.__version__}"
+    )
+    print(
+        f"BLAS: {', '.join(blas) or 'unknown'}; OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}, "
+        f"load average {os.getloadavg()[0]:.2f}"
+    )
     if "OMP_NUM_THREADS" not in os.environ:
         print("one process uses every core's BLAS threads; each of the 2 workers gets cores // 2 (spawn's default)")
     print()
@@ -114,13 +122,30 @@ def main():
             print(f"  {name}: round {r + 1}/{args.rounds} done", file=sys.stderr)
         comm = statistics.median(p[0]["comm"] for p in pairs)
         wait = statistics.median(p[0]["wait"] for p in pairs)
-        rows.append((name, statistics.median(singles), statistics.median(max(p[0]["step"], p[1]["step"]) for p in pairs),
-                     statistics.median(ratios), comm, wait, max(0.0, 1 - wait / comm) if comm else float("nan")))
+        rows.append(
+            (
+                name,
+                statistics.median(singles),
+                statistics.median(max(p[0]["step"], p[1]["step"]) for p in pairs),
+                statistics.median(ratios),
+                comm,
+                wait,
+                max(0.0, 1 - wait / comm) if comm else float("nan"),
+            )
+        )
     header = ("model", "1 process", "2 workers", "speedup", "bucket time", "exposed", "hidden", "target", "met")
     print("  ".join(f"{h:>12}" if i else f"{h:<30}" for i, h in enumerate(header)))
     for name, one, two, speedup, comm, wait, hidden in rows:
-        cells = (f"{one * 1e3:.2f} ms", f"{two * 1e3:.2f} ms", f"{speedup:.2f}x", f"{comm * 1e3:.2f} ms",
-                 f"{wait * 1e3:.2f} ms", f"{hidden:.0%}", ">= 1.85x", str(speedup >= 1.85))
+        cells = (
+            f"{one * 1e3:.2f} ms",
+            f"{two * 1e3:.2f} ms",
+            f"{speedup:.2f}x",
+            f"{comm * 1e3:.2f} ms",
+            f"{wait * 1e3:.2f} ms",
+            f"{hidden:.0%}",
+            ">= 1.85x",
+            str(speedup >= 1.85),
+        )
         print(f"{name:<30}  " + "  ".join(f"{c:>12}" for c in cells))
 
 

@@ -11,6 +11,7 @@ same file reading every array (the unchecked baseline EveryO 0.1 used),
 and one ``eo.save`` per format. The table
 gives medians and the median of the per-round ratios to ``np.load``.
 """
+
 import argparse
 import os
 import statistics
@@ -58,8 +59,11 @@ def main():
         with np.load(npz, allow_pickle=False) as archive:
             return {k: archive[k] for k in archive.files}
 
-    cases = {"eo.load .npz (checked)": lambda: eo.load(npz), "np.load .npz (unchecked)": np_load,
-             "eo.save .npz": lambda: eo.save(state, npz)}
+    cases = {
+        "eo.load .npz (checked)": lambda: eo.load(npz),
+        "np.load .npz (unchecked)": np_load,
+        "eo.save .npz": lambda: eo.save(state, npz),
+    }
     if st:
         cases["eo.load .safetensors"] = lambda: eo.load(st)
         cases["eo.save .safetensors"] = lambda: eo.save(state, st)
@@ -71,8 +75,10 @@ def main():
         for name, fn in cases.items():
             times[name].append(_time(fn))
     base = times["np.load .npz (unchecked)"]
-    print(f"{count} float32 arrays of 256x256 ({count * 0.25:.0f} MiB), {args.rounds} interleaved rounds; "
-          f"numpy {np.__version__}, BLAS {_blas()}, {os.cpu_count()} CPUs")
+    print(
+        f"{count} float32 arrays of 256x256 ({count * 0.25:.0f} MiB), {args.rounds} interleaved rounds; "
+        f"numpy {np.__version__}, BLAS {_blas()}, {os.cpu_count()} CPUs"
+    )
     print(f"{'case':28s} {'median ms':>10s} {'/ np.load':>10s}")
     for name, ts in times.items():
         ratio = statistics.median(t / b for t, b in zip(ts, base))

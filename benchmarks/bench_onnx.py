@@ -11,6 +11,7 @@ runs the step ``inner`` times so that microsecond steps are not lost in timer
 noise. The ONNX Runtime session is created once (as a server would); the
 run_onnx column also pays for loading the file and building a session.
 """
+
 import os
 import statistics
 import sys
@@ -47,19 +48,26 @@ def per_call(fn, inner):
 def main():
     print(machine_info())
     print(f"BLAS: {blas_info()}")
-    print(f"onnxruntime {ort.__version__}, default session options (all graph optimisations, intra-op threads "
-          f"chosen by ORT) except no spin-waiting: ORT's spinning threads would take the cores from the "
-          f"EveryO call interleaved after it (and OpenBLAS's from ORT)\n")
+    print(
+        f"onnxruntime {ort.__version__}, default session options (all graph optimisations, intra-op threads "
+        f"chosen by ORT) except no spin-waiting: ORT's spinning threads would take the cores from the "
+        f"EveryO call interleaved after it (and OpenBLAS's from ORT)\n"
+    )
     model = digit_cnn().eval()
     with tempfile.TemporaryDirectory() as folder:
         path = os.path.join(folder, "digits_cnn.onnx")
 
-        t = interleaved({
-            "build_model (in memory, checked)": lambda: build_model(model, input_shape=(1, 8, 8, 1)),
-            "export_onnx (build + atomic write)": lambda: eo.export_onnx(model, path, input_shape=(1, 8, 8, 1)),
-        }, repeats=15, warmup=2)
-        print_table("Export of the digit CNN", ["step", "median ms"],
-                    [[k, statistics.median(v) * 1e3] for k, v in t.items()])
+        t = interleaved(
+            {
+                "build_model (in memory, checked)": lambda: build_model(model, input_shape=(1, 8, 8, 1)),
+                "export_onnx (build + atomic write)": lambda: eo.export_onnx(model, path, input_shape=(1, 8, 8, 1)),
+            },
+            repeats=15,
+            warmup=2,
+        )
+        print_table(
+            "Export of the digit CNN", ["step", "median ms"], [[k, statistics.median(v) * 1e3] for k, v in t.items()]
+        )
 
         session = _session(path)
         rows = []
@@ -75,16 +83,33 @@ def main():
 
             # Same numbers first, then timings.
             assert np.abs(everyo_forward() - ort_run()).max() < 1e-5
-            t = interleaved({
-                "everyo": per_call(everyo_forward, inner),
-                "ort": per_call(ort_run, inner),
-                "run_onnx": per_call(lambda: eo.run_onnx(path, x), max(1, inner // 10)),
-            }, repeats=9, warmup=1)
-            us = {k: statistics.median(v) / (inner if k != "run_onnx" else max(1, inner // 10)) * 1e6
-                  for k, v in t.items()}
-            rows.append([batch, round(us["everyo"]), round(us["ort"]), median_ratio(t["everyo"], t["ort"]), round(us["run_onnx"])])
-        print_table("Digit CNN inference (eval mode), microseconds per call",
-                    ["batch", "EveryO forward us", "ORT session.run us", "EveryO / ORT", "run_onnx us"], rows)
+            t = interleaved(
+                {
+                    "everyo": per_call(everyo_forward, inner),
+                    "ort": per_call(ort_run, inner),
+                    "run_onnx": per_call(lambda: eo.run_onnx(path, x), max(1, inner // 10)),
+                },
+                repeats=9,
+                warmup=1,
+            )
+            us = {
+                k: statistics.median(v) / (inner if k != "run_onnx" else max(1, inner // 10)) * 1e6
+                for k, v in t.items()
+            }
+            rows.append(
+                [
+                    batch,
+                    round(us["everyo"]),
+                    round(us["ort"]),
+                    median_ratio(t["everyo"], t["ort"]),
+                    round(us["run_onnx"]),
+                ]
+            )
+        print_table(
+            "Digit CNN inference (eval mode), microseconds per call",
+            ["batch", "EveryO forward us", "ORT session.run us", "EveryO / ORT", "run_onnx us"],
+            rows,
+        )
         sequence_benchmarks(folder)
 
 
@@ -97,12 +122,17 @@ def sequence_benchmarks(folder):
     export_rows, rows = [], []
     for name, model in models.items():
         path = os.path.join(folder, "seq.onnx")
-        t = interleaved({
-            "build_model": lambda: build_model(model, example_input=example, dynamic_axes=axes),
-            "export_onnx": lambda: eo.export_onnx(model, path, example_input=example, dynamic_axes=axes),
-            "export_onnx(verify=True)": lambda: eo.export_onnx(model, path, example_input=example,
-                                                               dynamic_axes=axes, verify=True),
-        }, repeats=5, warmup=1)
+        t = interleaved(
+            {
+                "build_model": lambda: build_model(model, example_input=example, dynamic_axes=axes),
+                "export_onnx": lambda: eo.export_onnx(model, path, example_input=example, dynamic_axes=axes),
+                "export_onnx(verify=True)": lambda: eo.export_onnx(
+                    model, path, example_input=example, dynamic_axes=axes, verify=True
+                ),
+            },
+            repeats=5,
+            warmup=1,
+        )
         export_rows += [[name, k, statistics.median(v) * 1e3] for k, v in t.items()]
         eo.export_onnx(model, path, example_input=example, dynamic_axes=axes)
         session = _session(path)
@@ -117,14 +147,19 @@ def sequence_benchmarks(folder):
                 return session.run(None, {"input": ids})[0]
 
             assert np.abs(everyo_forward() - ort_run()).max() < 1e-5
-            t = interleaved({"everyo": per_call(everyo_forward, inner), "ort": per_call(ort_run, inner)},
-                            repeats=7, warmup=1)
+            t = interleaved(
+                {"everyo": per_call(everyo_forward, inner), "ort": per_call(ort_run, inner)}, repeats=7, warmup=1
+            )
             us = {k: statistics.median(v) / inner * 1e6 for k, v in t.items()}
             rows.append([name, batch, round(us["everyo"]), round(us["ort"]), median_ratio(t["everyo"], t["ort"])])
-    print_table("Export of the sequence models (dynamic batch and sequence)", ["model", "step", "median ms"],
-                export_rows)
-    print_table(f"Sequence model inference (eval mode, length {length}), microseconds per call",
-                ["model", "batch", "EveryO forward us", "ORT session.run us", "EveryO / ORT"], rows)
+    print_table(
+        "Export of the sequence models (dynamic batch and sequence)", ["model", "step", "median ms"], export_rows
+    )
+    print_table(
+        f"Sequence model inference (eval mode, length {length}), microseconds per call",
+        ["model", "batch", "EveryO forward us", "ORT session.run us", "EveryO / ORT"],
+        rows,
+    )
 
 
 if __name__ == "__main__":

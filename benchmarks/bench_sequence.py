@@ -20,6 +20,7 @@ in PyTorch: 100 of those (50 forward, 50 backward) are most of the LSTM's time,
 so their ratio is the BLAS's share of the gap (OpenBLAS for NumPy, MKL for
 PyTorch's wheels).
 """
+
 import argparse
 import os
 import statistics
@@ -55,13 +56,13 @@ def numpy_lstm(x, w_ih, w_hh, b, dout):
     for t in range(steps):
         a = np.matmul(h, w_hh, out=acts[t])
         a += xp[:, t]
-        _sigmoid_(a[:, :2 * H])
-        np.tanh(a[:, 2 * H:3 * H], out=a[:, 2 * H:3 * H])
-        _sigmoid_(a[:, 3 * H:])
-        c = np.multiply(a[:, H:2 * H], c, out=cs[t])
-        c += a[:, :H] * a[:, 2 * H:3 * H]
+        _sigmoid_(a[:, : 2 * H])
+        np.tanh(a[:, 2 * H : 3 * H], out=a[:, 2 * H : 3 * H])
+        _sigmoid_(a[:, 3 * H :])
+        c = np.multiply(a[:, H : 2 * H], c, out=cs[t])
+        c += a[:, :H] * a[:, 2 * H : 3 * H]
         np.tanh(c, out=tcs[t])
-        h = np.multiply(a[:, 3 * H:], tcs[t], out=hs[t])
+        h = np.multiply(a[:, 3 * H :], tcs[t], out=hs[t])
     out = hs.transpose(1, 0, 2)
 
     d_acts = np.empty_like(acts)
@@ -70,13 +71,13 @@ def numpy_lstm(x, w_ih, w_hh, b, dout):
     for t in range(steps - 1, -1, -1):
         dh += dout[:, t]
         a, tc, d = acts[t], tcs[t], d_acts[t]
-        i, f, g, o = a[:, :H], a[:, H:2 * H], a[:, 2 * H:3 * H], a[:, 3 * H:]
+        i, f, g, o = a[:, :H], a[:, H : 2 * H], a[:, 2 * H : 3 * H], a[:, 3 * H :]
         c_prev = cs[t - 1] if t else np.zeros_like(dc)
         dc += dh * o * (1 - tc * tc)
-        np.multiply(dh * tc, o * (1 - o), out=d[:, 3 * H:])
+        np.multiply(dh * tc, o * (1 - o), out=d[:, 3 * H :])
         np.multiply(dc * g, i * (1 - i), out=d[:, :H])
-        np.multiply(dc * c_prev, f * (1 - f), out=d[:, H:2 * H])
-        np.multiply(dc * i, 1 - g * g, out=d[:, 2 * H:3 * H])
+        np.multiply(dc * c_prev, f * (1 - f), out=d[:, H : 2 * H])
+        np.multiply(dc * i, 1 - g * g, out=d[:, 2 * H : 3 * H])
         dc *= f
         dh = d @ w_hh.T
     h_prev = np.concatenate([np.zeros((1, batch, H), x.dtype), hs[:-1]])
@@ -156,11 +157,20 @@ def numpy_encoder(x, layers, heads, dout):
 
 def encoder_params(layer):
     sd = layer.state_dict()
-    return {"wqkv": sd["self_attn.in_proj_weight"], "bqkv": sd["self_attn.in_proj_bias"],
-            "wo": sd["self_attn.out_proj.weight"], "bo": sd["self_attn.out_proj.bias"],
-            "w1": sd["linear1.weight"], "b1": sd["linear1.bias"], "w2": sd["linear2.weight"],
-            "b2": sd["linear2.bias"], "g1": sd["norm1.weight"], "be1": sd["norm1.bias"],
-            "g2": sd["norm2.weight"], "be2": sd["norm2.bias"]}
+    return {
+        "wqkv": sd["self_attn.in_proj_weight"],
+        "bqkv": sd["self_attn.in_proj_bias"],
+        "wo": sd["self_attn.out_proj.weight"],
+        "bo": sd["self_attn.out_proj.bias"],
+        "w1": sd["linear1.weight"],
+        "b1": sd["linear1.bias"],
+        "w2": sd["linear2.weight"],
+        "b2": sd["linear2.bias"],
+        "g1": sd["norm1.weight"],
+        "be1": sd["norm1.bias"],
+        "g2": sd["norm2.weight"],
+        "be2": sd["norm2.bias"],
+    }
 
 
 # --- the benchmark ---------------------------------------------------------------------------
@@ -269,17 +279,28 @@ def torch_lstm_rows(torch, repeats, threads):
         ("  of which: 100 products h @ W_hh", numpy_gemms, torch_gemms, "-"),
     ]:
         times = interleaved({"everyo": ours, "torch": theirs}, repeats=repeats, warmup=2)
-        rows.append([name, statistics.median(times["everyo"]) * 1e3, statistics.median(times["torch"]) * 1e3,
-                     median_ratio(times["everyo"], times["torch"]), err])
+        rows.append(
+            [
+                name,
+                statistics.median(times["everyo"]) * 1e3,
+                statistics.median(times["torch"]) * 1e3,
+                median_ratio(times["everyo"], times["torch"]),
+                err,
+            ]
+        )
     return rows
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=15)
-    parser.add_argument("--threads", type=int, default=1,
-                        help="BLAS and PyTorch threads for the PyTorch comparison (default 1: the machines "
-                             "this project runs on are shared)")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="BLAS and PyTorch threads for the PyTorch comparison (default 1: the machines "
+        "this project runs on are shared)",
+    )
     args = parser.parse_args()
     print(machine_info())
     print(blas_info())
@@ -289,10 +310,20 @@ def main():
     for make in (lstm_case, encoder_case):
         name, ours, floor, err = make(rng)
         times = interleaved({"everyo": ours, "numpy": floor}, repeats=args.repeats, warmup=2)
-        rows.append([name, statistics.median(times["everyo"]) * 1e3, statistics.median(times["numpy"]) * 1e3,
-                     median_ratio(times["everyo"], times["numpy"]), f"{err:.1e}"])
-    print_table("Forward + backward, float32 (median of %d interleaved runs)" % args.repeats,
-                ["model", "EveryO ms", "NumPy floor ms", "ratio (median pairwise)", "max |diff|"], rows)
+        rows.append(
+            [
+                name,
+                statistics.median(times["everyo"]) * 1e3,
+                statistics.median(times["numpy"]) * 1e3,
+                median_ratio(times["everyo"], times["numpy"]),
+                f"{err:.1e}",
+            ]
+        )
+    print_table(
+        "Forward + backward, float32 (median of %d interleaved runs)" % args.repeats,
+        ["model", "EveryO ms", "NumPy floor ms", "ratio (median pairwise)", "max |diff|"],
+        rows,
+    )
     try:
         import torch
     except ImportError:
@@ -304,8 +335,11 @@ def main():
     with threadpool_limits(args.threads):
         rows = torch_lstm_rows(torch, args.repeats, args.threads)
     print(f"PyTorch {torch.__version__} ({torch.backends.mkl.is_available() and 'MKL' or 'no MKL'})")
-    print_table("Beside PyTorch, forward + backward, float32 (median of %d interleaved runs)" % args.repeats,
-                ["model", "EveryO ms", "PyTorch ms", "ratio (median pairwise)", "max |diff|"], rows)
+    print_table(
+        "Beside PyTorch, forward + backward, float32 (median of %d interleaved runs)" % args.repeats,
+        ["model", "EveryO ms", "PyTorch ms", "ratio (median pairwise)", "max |diff|"],
+        rows,
+    )
 
 
 if __name__ == "__main__":

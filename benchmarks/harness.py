@@ -6,6 +6,7 @@ every few seconds, so two timings taken one after the other are not comparable.
 ``median_ratio`` compares them pair by pair. Dependency-free: threadpoolctl is
 used when importable, otherwise ``numpy.show_config``.
 """
+
 import os
 import platform
 import statistics
@@ -89,9 +90,7 @@ def interleaved(fns: dict, repeats: int = 7, warmup: int = 1) -> dict:
 def median_ratio(times_a, times_b) -> float:
     """Median of the pairwise ratios a[i] / b[i] (runs from the same round)."""
     if len(times_a) != len(times_b) or not times_a:
-        raise ValueError(
-            f"median_ratio needs two equally long, non-empty lists; got {len(times_a)} and {len(times_b)}"
-        )
+        raise ValueError(f"median_ratio needs two equally long, non-empty lists; got {len(times_a)} and {len(times_b)}")
     return statistics.median(a / b for a, b in zip(times_a, times_b))
 
 
@@ -111,15 +110,10 @@ def print_table(title: str, headers, rows, file=None) -> None:
     for row in cells:
         for i, c in enumerate(row):
             widths[i] = max(widths[i], len(c))
-    numeric = [
-        all(isinstance(row[i], (int, float)) for row in rows) if rows else False
-        for i in range(len(headers))
-    ]
+    numeric = [all(isinstance(row[i], (int, float)) for row in rows) if rows else False for i in range(len(headers))]
 
     def line(values):
-        return "  ".join(
-            v.rjust(w) if num else v.ljust(w) for v, w, num in zip(values, widths, numeric)
-        ).rstrip()
+        return "  ".join(v.rjust(w) if num else v.ljust(w) for v, w, num in zip(values, widths, numeric)).rstrip()
 
     print(title, file=file)
     print(line([str(h) for h in headers]), file=file)

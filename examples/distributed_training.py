@@ -21,6 +21,7 @@ rank's rows from ``DistributedSampler`` instead of calling
 Exits non-zero if the drift is not at float32 rounding level (1e-5) or the
 ranks disagree; timings are printed, never checked.
 """
+
 import argparse
 import os
 import statistics
@@ -33,8 +34,14 @@ import warnings
 import numpy as np
 
 import everyo as eo
-from everyo.distributed import (DistributedDataParallel, DistributedSampler, available_cores, average_gradients,
-                                shard_indices, spawn)
+from everyo.distributed import (
+    DistributedDataParallel,
+    DistributedSampler,
+    available_cores,
+    average_gradients,
+    shard_indices,
+    spawn,
+)
 
 SAMPLES, FEATURES, STEPS, LR = 4096, 64, 60, 0.05
 DRIFT_LIMIT = 1e-5
@@ -43,8 +50,10 @@ DRIFT_LIMIT = 1e-5
 def build_model():
     """Same seeds on every rank, so every worker starts from the same weights."""
     return eo.Sequential(
-        eo.Linear(FEATURES, 128, seed=1), eo.ReLU(),
-        eo.Linear(128, 128, seed=2), eo.ReLU(),
+        eo.Linear(FEATURES, 128, seed=1),
+        eo.ReLU(),
+        eo.Linear(128, 128, seed=2),
+        eo.ReLU(),
         eo.Linear(128, 1, seed=3),
     )
 
@@ -79,7 +88,7 @@ def train(inputs, targets, steps, group=None, ddp=False):
         residual = model(xs) - ys
         eo.mean(residual * residual).backward()
         if group is not None and not ddp:
-            average_gradients(model.parameters(), group)   # (DDP averaged them during backward)
+            average_gradients(model.parameters(), group)  # (DDP averaged them during backward)
         optimizer.step()
     return [p.data.copy() for p in model.parameters()]
 
@@ -88,7 +97,7 @@ def worker(group, inputs, targets, steps, repeats, ddp=False):
     """Train ``repeats`` times from scratch; return the weights, the loop times and the rows."""
     seconds = []
     for _ in range(repeats):
-        group.barrier()            # start the clock together: the slowest rank sets the pace
+        group.barrier()  # start the clock together: the slowest rank sets the pace
         start = time.perf_counter()
         weights = train(inputs, targets, steps, group, ddp)
         group.barrier()
@@ -140,10 +149,24 @@ def launch_mpi(worker_fn, world_size, args):
     _, _, steps, repeats, ddp = args
     threads, _ = worker_thread_env(world_size)
     with tempfile.TemporaryDirectory() as out_dir:
-        subprocess.run([mpiexec, "-n", str(world_size), sys.executable, os.path.abspath(__file__),
-                        "--mpi-child", out_dir, "--steps", str(steps), "--repeats", str(repeats)]
-                       + (["--ddp"] if ddp else []),
-                       check=True, env={**os.environ, **threads})
+        subprocess.run(
+            [
+                mpiexec,
+                "-n",
+                str(world_size),
+                sys.executable,
+                os.path.abspath(__file__),
+                "--mpi-child",
+                out_dir,
+                "--steps",
+                str(steps),
+                "--repeats",
+                str(repeats),
+            ]
+            + (["--ddp"] if ddp else []),
+            check=True,
+            env={**os.environ, **threads},
+        )
         results = []
         for rank in range(world_size):
             with np.load(os.path.join(out_dir, f"rank{rank}.npz"), allow_pickle=False) as saved:
@@ -158,8 +181,13 @@ def mpi_child(out_dir, steps, repeats, ddp):
 
     with init_mpi_process_group() as group:
         weights, seconds, rows = worker(group, *make_data(), steps, repeats, ddp)
-        np.savez(os.path.join(out_dir, f"rank{group.rank}.npz"), layers=len(weights), seconds=seconds,
-                 rows=rows, **{f"w{i}": w for i, w in enumerate(weights)})
+        np.savez(
+            os.path.join(out_dir, f"rank{group.rank}.npz"),
+            layers=len(weights),
+            seconds=seconds,
+            rows=rows,
+            **{f"w{i}": w for i, w in enumerate(weights)},
+        )
 
 
 # --backend: each entry starts ``world_size`` workers running ``worker_fn(group, *args)``
@@ -169,14 +197,19 @@ LAUNCHERS = {"shm": launch_shm, "tcp": launch_tcp, "mpi": launch_mpi}
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--backend", choices=sorted(LAUNCHERS), default="shm",
-                        help="process group: shm = shared memory on this machine (default), "
-                             "tcp = TCP on 127.0.0.1, mpi = mpi4py under mpiexec")
+    parser.add_argument(
+        "--backend",
+        choices=sorted(LAUNCHERS),
+        default="shm",
+        help="process group: shm = shared memory on this machine (default), "
+        "tcp = TCP on 127.0.0.1, mpi = mpi4py under mpiexec",
+    )
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2, 4])
     parser.add_argument("--steps", type=int, default=STEPS)
     parser.add_argument("--repeats", type=int, default=3, help="timed repeats per run (median shown)")
-    parser.add_argument("--ddp", action="store_true",
-                        help="DistributedDataParallel + DistributedSampler instead of average_gradients")
+    parser.add_argument(
+        "--ddp", action="store_true", help="DistributedDataParallel + DistributedSampler instead of average_gradients"
+    )
     parser.add_argument("--mpi-child", metavar="DIR", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.mpi_child:
@@ -184,8 +217,10 @@ def main(argv=None):
     launch = LAUNCHERS[args.backend]
 
     if "OMP_NUM_THREADS" not in os.environ:
-        print("note: OMP_NUM_THREADS is not set; spawn gives each worker cores // workers BLAS threads,\n"
-              "      but the single-process baseline below uses NumPy's default thread count.\n")
+        print(
+            "note: OMP_NUM_THREADS is not set; spawn gives each worker cores // workers BLAS threads,\n"
+            "      but the single-process baseline below uses NumPy's default thread count.\n"
+        )
     inputs, targets = make_data()
     baseline_times = []
     for _ in range(args.repeats):
@@ -194,8 +229,10 @@ def main(argv=None):
         baseline_times.append(time.perf_counter() - start)
 
     how = "DistributedDataParallel" if args.ddp else "average_gradients"
-    print(f"{args.steps} steps of a {FEATURES}-128-128-1 MLP over {SAMPLES} samples, backend {args.backend}, {how}, "
-          f"{available_cores()} cores, OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}")
+    print(
+        f"{args.steps} steps of a {FEATURES}-128-128-1 MLP over {SAMPLES} samples, backend {args.backend}, {how}, "
+        f"{available_cores()} cores, OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}"
+    )
     print(f"single process (no spawn): {statistics.median(baseline_times):.2f} s\n")
     print(f"{'workers':>8} {'rows/worker':>13} {'seconds':>10} {'max drift':>12} {'ranks agree':>13}")
     print("-" * 62)
@@ -215,8 +252,10 @@ def main(argv=None):
         print(f"{world_size:>8} {rows:>13} {seconds:>10.2f} {drift:>12.2e} {str(agree):>13}")
         seconds_by_workers[world_size] = seconds
         launcher = "mpiexec" if args.backend == "mpi" else "spawn"
-        notes.append(f"{world_size} workers: {launcher} took {wall:.2f} s in all "
-                     f"(process start and imports, then {args.repeats} timed runs)")
+        notes.append(
+            f"{world_size} workers: {launcher} took {wall:.2f} s in all "
+            f"(process start and imports, then {args.repeats} timed runs)"
+        )
         ok &= agree and drift < DRIFT_LIMIT
     print()
     if 1 in seconds_by_workers:

@@ -21,6 +21,7 @@ It prints two tables:
 When matplotlib imports it also writes the four loss curves to
 mixed_precision_loss.png (or the path given as the first argument).
 """
+
 import os
 import sys
 
@@ -118,8 +119,12 @@ def plot_curves(curves, path):
         return False
     fig = Figure(figsize=(7, 4.2), dpi=110)
     ax = fig.subplots()
-    styles = {"float16, no GradScaler": ("tab:red", "-"), "float16 + GradScaler": ("tab:blue", "-"),
-              "bfloat16, no GradScaler": ("tab:green", "--"), "float32 reference": ("black", ":")}
+    styles = {
+        "float16, no GradScaler": ("tab:red", "-"),
+        "float16 + GradScaler": ("tab:blue", "-"),
+        "bfloat16, no GradScaler": ("tab:green", "--"),
+        "float32 reference": ("black", ":"),
+    }
     for label, curve in curves.items():
         color, line = styles[label]
         ax.plot(range(1, len(curve) + 1), curve, color=color, linestyle=line, label=label, linewidth=1.6)
@@ -158,21 +163,32 @@ def main():
     print(f"  (GradScaler skipped {skipped} of 400 steps)")
     print()
     path = sys.argv[1] if len(sys.argv) > 1 else "mixed_precision_loss.png"
-    curves = {"float16, no GradScaler": curve_plain, "float16 + GradScaler": curve_scaled,
-              "bfloat16, no GradScaler": curve_bf16, "float32 reference": curve_ref}
+    curves = {
+        "float16, no GradScaler": curve_plain,
+        "float16 + GradScaler": curve_scaled,
+        "bfloat16, no GradScaler": curve_bf16,
+        "float32 reference": curve_ref,
+    }
     if plot_curves(curves, path):
         print(f"Loss curves written to {os.path.abspath(path)}")
     else:
         print("(matplotlib is not installed: no loss-curve PNG)")
     print()
-    print("On a CPU, mixed precision saves memory, not time: NumPy has no native float16\n"
-          "arithmetic, so EveryO upcasts to float32 to compute and rounds back. The numerics\n"
-          "are float16's; the speed is not a GPU's.")
+    print(
+        "On a CPU, mixed precision saves memory, not time: NumPy has no native float16\n"
+        "arithmetic, so EveryO upcasts to float32 to compute and rounds back. The numerics\n"
+        "are float16's; the speed is not a GPU's."
+    )
 
     # The example is also a check: fail loudly if the effect is not there.
-    ok = (no_scaler[0] > 0.9 * total and with_scaler[0] < 0.05 * total and bf16[0] < 0.05 * total
-          and abs(mse_scaled - mse_ref) <= 0.05 * mse_ref and abs(mse_bf16 - mse_ref) <= 0.05 * mse_ref
-          and mse_plain > 5 * mse_ref)
+    ok = (
+        no_scaler[0] > 0.9 * total
+        and with_scaler[0] < 0.05 * total
+        and bf16[0] < 0.05 * total
+        and abs(mse_scaled - mse_ref) <= 0.05 * mse_ref
+        and abs(mse_bf16 - mse_ref) <= 0.05 * mse_ref
+        and mse_plain > 5 * mse_ref
+    )
     if not ok:
         print("UNEXPECTED: the figures above do not show the loss-scaling effect", file=sys.stderr)
         return 1

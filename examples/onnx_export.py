@@ -7,6 +7,7 @@ and sequence axes and checked at other sizes than the traced one.
 
 The data is scikit-learn's bundled 8x8 digits (1797 images, no download).
 """
+
 import ast
 import os
 import sys
@@ -31,14 +32,14 @@ def digits(seed=0):
 
 def digit_cnn():
     return eo.Sequential(
-        eo.Conv2D(1, 8, 3, padding="same", seed=0),   # 8x8x8
+        eo.Conv2D(1, 8, 3, padding="same", seed=0),  # 8x8x8
         eo.BatchNorm2D(8),
         eo.ReLU(),
-        eo.MaxPool2D(2),                              # 4x4x8
+        eo.MaxPool2D(2),  # 4x4x8
         eo.Conv2D(8, 16, 3, padding="same", seed=1),  # 4x4x16
         eo.ReLU(),
-        eo.MaxPool2D(2),                              # 2x2x16
-        eo.Flatten(),                                 # 64, in NHWC order
+        eo.MaxPool2D(2),  # 2x2x16
+        eo.Flatten(),  # 64, in NHWC order
         eo.Dropout(0.2, seed=2),
         eo.Linear(64, 10, seed=3),
     )
@@ -82,8 +83,10 @@ def main():
     diff = np.abs(expected - actual).max()
     same = int((expected.argmax(axis=1) == actual.argmax(axis=1)).sum())
     print(f"ONNX Runtime vs EveryO, max abs difference of the logits: {diff:.2g}")
-    print(f"  (logits range {expected.min():.1f} .. {expected.max():.1f}; "
-          f"batch-1 runs differ by at most {np.abs(single - expected[:5]).max():.2g})")
+    print(
+        f"  (logits range {expected.min():.1f} .. {expected.max():.1f}; "
+        f"batch-1 runs differ by at most {np.abs(single - expected[:5]).max():.2g})"
+    )
     print(f"Predictions matching: {same} of {len(test_x)}")
     if same != len(test_x) or diff > 1e-4:
         sys.exit("ONNX Runtime disagrees with EveryO")
@@ -98,9 +101,16 @@ def sequence_models():
     """
     source = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sequence.py")
     tree = ast.parse(open(source).read(), source)
-    keep = [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom, ast.ClassDef))
-            or (isinstance(n, ast.Assign) and all(isinstance(t, (ast.Name, ast.Tuple)) for t in n.targets)
-                and isinstance(n.value, (ast.Constant, ast.Tuple)))]
+    keep = [
+        n
+        for n in tree.body
+        if isinstance(n, (ast.Import, ast.ImportFrom, ast.ClassDef))
+        or (
+            isinstance(n, ast.Assign)
+            and all(isinstance(t, (ast.Name, ast.Tuple)) for t in n.targets)
+            and isinstance(n.value, (ast.Constant, ast.Tuple))
+        )
+    ]
     namespace = {}
     exec(compile(ast.Module(body=keep, type_ignores=[]), source, "exec"), namespace)
     return namespace
@@ -137,8 +147,14 @@ def export_sequence_models(path):
         # the positional table's max_len; verify=True compares every node.
         example = np.random.default_rng(2).integers(0, digits, size=(2, length - 1))
         start = time.perf_counter()
-        eo.export_onnx(model, file, example_input=example, dynamic_axes={"input": {0: "batch", 1: "seq"}},
-                       output_name="logits", verify=True)
+        eo.export_onnx(
+            model,
+            file,
+            example_input=example,
+            dynamic_axes={"input": {0: "batch", 1: "seq"}},
+            output_name="logits",
+            verify=True,
+        )
         print(f"  exported to {file} with dynamic batch and sequence, verified ({time.perf_counter() - start:.2f} s)")
         for batch, steps_long in ((1, length), (64, length), (64, length - 2)):
             ids = np.random.default_rng(batch + steps_long).integers(0, digits, size=(batch, steps_long))
@@ -147,8 +163,10 @@ def export_sequence_models(path):
             actual = eo.run_onnx(file, ids)
             diff = float(np.abs(expected - actual).max())
             same = int((expected.argmax(-1) == actual.argmax(-1)).sum())
-            print(f"  batch {batch:2d}, length {steps_long}: max abs difference {diff:.2g}, "
-                  f"predictions matching {same} of {expected.argmax(-1).size}")
+            print(
+                f"  batch {batch:2d}, length {steps_long}: max abs difference {diff:.2g}, "
+                f"predictions matching {same} of {expected.argmax(-1).size}"
+            )
             failed |= diff > 1e-4 or same != expected.argmax(-1).size
     if failed:
         sys.exit("ONNX Runtime disagrees with EveryO")

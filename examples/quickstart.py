@@ -1,7 +1,8 @@
 """EveryO in one screen: a model, a training loop, a checkpoint.
 
-    python examples/quickstart.py
+python examples/quickstart.py
 """
+
 import os
 import tempfile
 

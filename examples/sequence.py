@@ -5,6 +5,7 @@
 Both train from scratch in a few seconds on a laptop CPU and are scored on
 sequences they never saw.
 """
+
 import time
 
 import numpy as np
@@ -69,8 +70,7 @@ def fit(name, model, target_of, steps, lr, batch_size):
 
 print(f"Sequences of {LENGTH} digits from 0 to {DIGITS - 1}.\n")
 lstm_acc = fit("LSTM, sum", DigitSum(), lambda ids: ids.sum(axis=1), steps=500, lr=0.01, batch_size=128)
-transformer_acc = fit("Transformer, reverse", Reverser(), lambda ids: ids[:, ::-1], steps=200, lr=0.003,
-                      batch_size=64)
+transformer_acc = fit("Transformer, reverse", Reverser(), lambda ids: ids[:, ::-1], steps=200, lr=0.003, batch_size=64)
 
 # A causal mask keeps each position blind to later ones: changing the last
 # digit leaves every earlier output bit-for-bit unchanged.

@@ -5,6 +5,7 @@
 Every example must exist and exit 0; the tour exits non-zero otherwise and
 lists what failed. Nothing is skipped silently.
 """
+
 import os
 import subprocess
 import sys

@@ -12,6 +12,7 @@ machine with only Python 3.12 still runs the 3.12 cells. CI sets
 ``EVERYO_REQUIRE_ALL_PYTHONS=1``, which makes a missing Python a failure.
 Extra arguments go to pytest, e.g. ``hatch run test:run -x -q``.
 """
+
 import os
 import pathlib
 import shutil
@@ -63,8 +64,10 @@ def main(argv):
     for version, where in found.items():
         print(f"test matrix: Python {version} from {where}")
     if missing:
-        print(f"test matrix: Python {', '.join(missing)} not found; those cells are skipped "
-              f"(install them, or put them on PATH, to test every supported version)")
+        print(
+            f"test matrix: Python {', '.join(missing)} not found; those cells are skipped "
+            f"(install them, or put them on PATH, to test every supported version)"
+        )
         if os.environ.get("EVERYO_REQUIRE_ALL_PYTHONS") == "1":
             print("test matrix: EVERYO_REQUIRE_ALL_PYTHONS=1, so a missing Python is a failure")
             return 1

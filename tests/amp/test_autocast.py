@@ -1,5 +1,6 @@
 """autocast: which ops change precision, scoping (nesting, decorator, island,
 threads, contexts), and that float16 numerics are real in both directions."""
+
 import contextvars
 import threading
 
@@ -28,9 +29,16 @@ def t16(*shape, positive=False):
 def _operands(dtype):
     cast = (lambda t: t) if dtype == "float32" else (lambda t: t.astype("float16"))
     return {
-        "a": cast(t32(4, 5)), "b": cast(t32(5, 3)), "w": cast(t32(5, 3)), "bias": cast(t32(3)),
-        "p": cast(t32(4, 5, positive=True)), "img": cast(t32(2, 6, 6, 3)), "k": cast(t32(3, 3, 3, 4)),
-        "kb": cast(t32(4)), "logits": cast(t32(4, 3)), "target": cast(t32(4, 3)),
+        "a": cast(t32(4, 5)),
+        "b": cast(t32(5, 3)),
+        "w": cast(t32(5, 3)),
+        "bias": cast(t32(3)),
+        "p": cast(t32(4, 5, positive=True)),
+        "img": cast(t32(2, 6, 6, 3)),
+        "k": cast(t32(3, 3, 3, 4)),
+        "kb": cast(t32(4)),
+        "logits": cast(t32(4, 3)),
+        "target": cast(t32(4, 3)),
     }
 
 
@@ -233,8 +241,12 @@ def test_autocast_does_not_leak_into_other_threads():
     results["main_after"] = (x @ w).dtype  # other thread still holds its autocast
     inside.wait(timeout=10)
     worker.join(timeout=10)
-    assert results == {"other_while_main_on": "float32", "other_own_autocast": "float16",
-                       "main": "float16", "main_after": "float32"}
+    assert results == {
+        "other_while_main_on": "float32",
+        "other_own_autocast": "float16",
+        "main": "float16",
+        "main_after": "float32",
+    }
 
 
 def test_autocast_is_local_to_a_contextvars_context():
@@ -265,8 +277,9 @@ def test_gradient_dtypes_master_weights_float32_activations_float16():
 
 
 def test_gradients_close_to_float32_gradients():
-    model = eo.Sequential(eo.Conv2D(2, 3, 3, padding="same", seed=0), eo.ReLU(), eo.Flatten(),
-                          eo.Linear(3 * 5 * 5, 2, seed=1))
+    model = eo.Sequential(
+        eo.Conv2D(2, 3, 3, padding="same", seed=0), eo.ReLU(), eo.Flatten(), eo.Linear(3 * 5 * 5, 2, seed=1)
+    )
     x = t32(3, 5, 5, 2)
     eo.mse_loss(model(x), eo.ones(3, 2)).backward()
     reference = [p.grad.copy() for p in model.parameters()]
@@ -336,6 +349,7 @@ def test_conv2d_under_autocast_matches_a_float16_rounded_reference():
     ref = np.zeros((2, 3, 3, 4))
     for i in range(3):
         for j in range(3):
-            ref[:, i, j, :] = np.tensordot(x16[:, i:i + 3, j:j + 3, :], k16, axes=([1, 2, 3], [0, 1, 2]))
-    np.testing.assert_allclose(out.data.astype(np.float64), ref.astype(np.float16).astype(np.float64),
-                               rtol=2e-3, atol=1e-3)
+            ref[:, i, j, :] = np.tensordot(x16[:, i : i + 3, j : j + 3, :], k16, axes=([1, 2, 3], [0, 1, 2]))
+    np.testing.assert_allclose(
+        out.data.astype(np.float64), ref.astype(np.float16).astype(np.float64), rtol=2e-3, atol=1e-3
+    )

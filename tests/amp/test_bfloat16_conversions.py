@@ -1,5 +1,6 @@
 """Core's bfloat16 conversions (everyo.half, no ml_dtypes import there) are
 bit-identical to ml_dtypes' astype: every code up, a dense float32 sample down."""
+
 import numpy as np
 import pytest
 
@@ -44,13 +45,17 @@ def test_down_conversion_matches_ml_dtypes_bit_for_bit():
 
 
 def test_ties_go_to_even_and_nan_stays_quiet_with_its_sign():
-    bits = np.array([0x3F808000,   # 1 + 2**-8: a tie, the kept bit is even -> down
-                     0x3F818000,   # a tie with the kept bit odd -> up
-                     0x7F7FFFFF,   # float32 max -> inf
-                     0x7F800001,   # signalling NaN -> quiet
-                     0xFFFFFFFF,   # negative NaN with a full payload: a naive carry would wrap to +0
-                     0x00000001],  # the smallest float32 subnormal -> +0
-                    np.uint32)
+    bits = np.array(
+        [
+            0x3F808000,  # 1 + 2**-8: a tie, the kept bit is even -> down
+            0x3F818000,  # a tie with the kept bit odd -> up
+            0x7F7FFFFF,  # float32 max -> inf
+            0x7F800001,  # signalling NaN -> quiet
+            0xFFFFFFFF,  # negative NaN with a full payload: a naive carry would wrap to +0
+            0x00000001,
+        ],  # the smallest float32 subnormal -> +0
+        np.uint32,
+    )
     out = casting.convert(bits.view(np.float32), BF16).view(np.uint16)
     assert [hex(v) for v in out] == ["0x3f80", "0x3f82", "0x7f80", "0x7fc0", "0xffc0", "0x0"]
 

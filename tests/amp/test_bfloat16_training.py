@@ -1,6 +1,7 @@
 """autocast(dtype="bfloat16"): the seed MLP and the digit CNN train to within
 1% of float32's final loss (same data, seeds and steps), without a GradScaler;
 and a GradScaler still works with bfloat16."""
+
 import numpy as np
 import pytest
 
@@ -12,8 +13,9 @@ from test_training import load_digits, make_cnn  # noqa: E402
 
 
 def seed_mlp():
-    return eo.Sequential(eo.Linear(16, 64, seed=0), eo.ReLU(), eo.Linear(64, 64, seed=1), eo.ReLU(),
-                         eo.Linear(64, 1, seed=2))
+    return eo.Sequential(
+        eo.Linear(16, 64, seed=0), eo.ReLU(), eo.Linear(64, 64, seed=1), eo.ReLU(), eo.Linear(64, 1, seed=2)
+    )
 
 
 def train(model, batches, loss_fn, dtype=None, scaler=None, lr=1e-2):
@@ -53,8 +55,9 @@ def test_bfloat16_trains_the_seed_mlp_to_float32s_loss():
     # further apart (-3.5%, +0.9%, +0.2%): bfloat16 keeps only 8 bits.
     held_x, held_y, batches = mlp_data()
     loss32 = final_loss(train(seed_mlp(), batches, eo.mse_loss, lr=3e-3), held_x, eo.tensor(held_y), eo.mse_loss)
-    loss16 = final_loss(train(seed_mlp(), batches, eo.mse_loss, "bfloat16", lr=3e-3), held_x, eo.tensor(held_y),
-                        eo.mse_loss)
+    loss16 = final_loss(
+        train(seed_mlp(), batches, eo.mse_loss, "bfloat16", lr=3e-3), held_x, eo.tensor(held_y), eo.mse_loss
+    )
     start = final_loss(seed_mlp(), held_x, eo.tensor(held_y), eo.mse_loss)
     assert loss32 < 0.3 * start  # float32 really learned
     assert abs(loss16 - loss32) <= 0.01 * loss32, (loss16, loss32)
@@ -66,8 +69,9 @@ def test_bfloat16_trains_the_digit_cnn_to_float32s_loss():
     batches = [(eo.tensor(images[i]), labels[i]) for i in (rng.integers(0, len(labels), 64) for _ in range(500))]
     # lr=5e-3 (at 1e-2 the trajectories drift: 0.129 vs 0.124 after 300 steps)
     loss32 = final_loss(train(make_cnn(), batches, eo.cross_entropy, lr=5e-3), images, labels, eo.cross_entropy)
-    loss16 = final_loss(train(make_cnn(), batches, eo.cross_entropy, "bfloat16", lr=5e-3), images, labels,
-                        eo.cross_entropy)
+    loss16 = final_loss(
+        train(make_cnn(), batches, eo.cross_entropy, "bfloat16", lr=5e-3), images, labels, eo.cross_entropy
+    )
     assert loss32 < 0.25  # from 2.3 (ten classes): float32 really learned
     assert abs(loss16 - loss32) <= 0.01 * loss32, (loss16, loss32)
 

@@ -1,6 +1,7 @@
 """The loss-scaling effect of examples/mixed_precision.py, at a smaller size:
 without GradScaler tiny float16 gradients flush to zero and training stalls;
 with it almost none flush and training matches a float32 run."""
+
 import importlib.util
 from pathlib import Path
 
@@ -48,7 +49,11 @@ def test_training_stalls_without_scaler_and_matches_float32_with_it(example):
 def test_loss_curves_png(example, tmp_path):
     pytest.importorskip("matplotlib")
     path = tmp_path / "curves.png"
-    curves = {"float16, no GradScaler": [4.0, 4.0], "float16 + GradScaler": [4.0, 1.0],
-              "bfloat16, no GradScaler": [4.0, 1.1], "float32 reference": [4.0, 1.0]}
+    curves = {
+        "float16, no GradScaler": [4.0, 4.0],
+        "float16 + GradScaler": [4.0, 1.0],
+        "bfloat16, no GradScaler": [4.0, 1.1],
+        "float32 reference": [4.0, 1.0],
+    }
     assert example.plot_curves(curves, path)
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

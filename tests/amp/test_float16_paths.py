@@ -1,6 +1,7 @@
 """The float16 fast paths autocast relies on are exact: conversions are
 bit-identical to NumPy's astype, ReLU matches np.maximum code for code, and
 float16 layers agree with float32 math on float16-rounded operands."""
+
 import warnings
 
 import numpy as np
@@ -31,7 +32,9 @@ def assert_rounds_like_astype(x):
 def test_float_to_half_matches_astype_across_all_float32_bit_patterns(start):
     # Every 61st bit pattern of a 2**29 slice: all exponents, both signs,
     # ties, subnormals, overflow, inf and NaN payloads.
-    assert_rounds_like_astype(np.arange(start, start + (1 << 29), 61, dtype=np.uint64).astype(np.uint32).view(np.float32))
+    assert_rounds_like_astype(
+        np.arange(start, start + (1 << 29), 61, dtype=np.uint64).astype(np.uint32).view(np.float32)
+    )
 
 
 def _around_every_half(min_magnitude):
@@ -72,8 +75,24 @@ def test_roundings_general_path_every_float16_neighbourhood():
 
 
 def test_float_to_half_rounding_ties_to_even_and_subnormals():
-    values = np.array([2049.0, 2051.0, 1 + 2**-11, 1 + 3 * 2**-11, 2**-25, 2**-24, 1.5 * 2**-24,
-                       65504.0, 65519.0, -2**-14, -0.0, 6e-8, 3e-8], dtype=np.float32)
+    values = np.array(
+        [
+            2049.0,
+            2051.0,
+            1 + 2**-11,
+            1 + 3 * 2**-11,
+            2**-25,
+            2**-24,
+            1.5 * 2**-24,
+            65504.0,
+            65519.0,
+            -(2**-14),
+            -0.0,
+            6e-8,
+            3e-8,
+        ],
+        dtype=np.float32,
+    )
     np.testing.assert_array_equal(_float_to_half(values).view(np.uint16), values.astype(np.float16).view(np.uint16))
 
 
@@ -155,8 +174,9 @@ def test_float16_pools_are_the_float32_pools_rounded_once(pool, size, stride, pa
 
 def test_exact_to_half_encodes_every_float16_value():
     h = np.random.default_rng(6).permutation(ALL_HALF_CODES).view(np.float16)
-    np.testing.assert_array_equal(_exact_to_half(h.astype(np.float32)).view(np.uint16),
-                                  h.astype(np.float32).astype(np.float16).view(np.uint16))
+    np.testing.assert_array_equal(
+        _exact_to_half(h.astype(np.float32)).view(np.uint16), h.astype(np.float32).astype(np.float16).view(np.uint16)
+    )
 
 
 def test_roundings_of_relu_like_data_with_many_zeros_of_both_signs():
@@ -178,7 +198,7 @@ def test_roundings_with_few_or_many_values_below_the_float16_normals(tiny_count)
     x[np.abs(x) < 2**-14] = 0.5
     x[:6] = [2049.0, 2051.0, 1 + 2**-11, -(1 + 3 * 2**-11), 65504.0, 65519.0]
     idx = rng.choice(np.arange(8, 4096), size=tiny_count, replace=False)
-    x[idx] = rng.uniform(-2**-14, 2**-14, size=tiny_count).astype(np.float32)
+    x[idx] = rng.uniform(-(2**-14), 2**-14, size=tiny_count).astype(np.float32)
     if tiny_count:
         x[idx[:4]] = [2**-25, -3 * 2**-25, 0.0, -0.0]  # ties at the smallest subnormal; signed zeros
     assert_rounds_like_astype(x)

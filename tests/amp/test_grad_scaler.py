@@ -1,5 +1,6 @@
 """GradScaler: skip on overflow with nothing changed, backoff and growth,
 unscale_ then clipping, checkpoints, and its errors."""
+
 import copy
 import warnings
 
@@ -189,11 +190,14 @@ def test_state_dict_round_trip_resumes_scale_and_growth_counter(tmp_path):
     assert scaler.growth_tracker == resumed.growth_tracker == 0
 
 
-@pytest.mark.parametrize("bad, message", [
-    ({}, "empty"),
-    ({"scale": 1.0}, "missing"),
-    ("not a dict", "dict"),
-])
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        ({}, "empty"),
+        ({"scale": 1.0}, "missing"),
+        ("not a dict", "dict"),
+    ],
+)
 def test_load_state_dict_rejects_malformed_input(bad, message):
     scaler = eo.GradScaler()
     with pytest.raises(eo.EveryOStateDictError, match=message):
@@ -201,10 +205,19 @@ def test_load_state_dict_rejects_malformed_input(bad, message):
     assert scaler.get_scale() == 2.0**16
 
 
-@pytest.mark.parametrize("key, value", [
-    ("scale", -1.0), ("scale", float("nan")), ("growth_factor", 0.5), ("backoff_factor", 1.5),
-    ("growth_interval", 0), ("growth_tracker", 5000), ("growth_tracker", 1.5), ("scale", "big"),
-])
+@pytest.mark.parametrize(
+    "key, value",
+    [
+        ("scale", -1.0),
+        ("scale", float("nan")),
+        ("growth_factor", 0.5),
+        ("backoff_factor", 1.5),
+        ("growth_interval", 0),
+        ("growth_tracker", 5000),
+        ("growth_tracker", 1.5),
+        ("scale", "big"),
+    ],
+)
 def test_load_state_dict_validates_values_before_changing_anything(key, value):
     good = eo.GradScaler(init_scale=32.0).state_dict()
     scaler = eo.GradScaler()
@@ -219,10 +232,16 @@ def test_load_state_dict_rejects_unexpected_keys():
         eo.GradScaler().load_state_dict({**good, "extra": 1})
 
 
-@pytest.mark.parametrize("kwargs", [
-    {"init_scale": 0.0}, {"growth_factor": 1.0}, {"backoff_factor": 1.0}, {"growth_interval": 0},
-    {"growth_interval": 2.5},
-])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"init_scale": 0.0},
+        {"growth_factor": 1.0},
+        {"backoff_factor": 1.0},
+        {"growth_interval": 0},
+        {"growth_interval": 2.5},
+    ],
+)
 def test_constructor_validates(kwargs):
     with pytest.raises((ValueError, TypeError)):
         eo.GradScaler(**kwargs)

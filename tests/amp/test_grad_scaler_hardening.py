@@ -1,5 +1,6 @@
 """GradScaler 0.2: the min_scale floor and the skip warnings, several
 optimizers on one scaler, and resuming from a checkpoint bit for bit."""
+
 import warnings
 
 import numpy as np
@@ -75,8 +76,9 @@ def test_a_clean_step_ends_the_run_of_skips():
         nan_step(scaler, optimizer, model)
 
 
-@pytest.mark.parametrize("kwargs", [{"min_scale": 0.0}, {"min_scale": float("inf")}, {"warn_after_skips": 0},
-                                    {"init_scale": 0.5}])
+@pytest.mark.parametrize(
+    "kwargs", [{"min_scale": 0.0}, {"min_scale": float("inf")}, {"warn_after_skips": 0}, {"init_scale": 0.5}]
+)
 def test_new_keywords_are_validated(kwargs):
     with pytest.raises((ValueError, TypeError)):
         eo.GradScaler(**kwargs)
@@ -133,8 +135,10 @@ def test_checkpoint_resumes_bit_identically(tmp_path):
     optimizer = eo.Adam(model.parameters(), lr=1e-2)
     scaler = eo.GradScaler(init_scale=2.0**12, growth_interval=3)
     train(model, optimizer, scaler, 4, start=0)
-    eo.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "scaler": scaler.state_dict()},
-            tmp_path / "ckpt.npz")
+    eo.save(
+        {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "scaler": scaler.state_dict()},
+        tmp_path / "ckpt.npz",
+    )
 
     checkpoint = eo.load(tmp_path / "ckpt.npz")
     resumed_model = make_model(seed=7)  # different initial weights: everything must come from the file
@@ -153,8 +157,7 @@ def test_checkpoint_resumes_bit_identically(tmp_path):
 
 
 def test_a_0_1_checkpoint_without_the_new_keys_still_loads():
-    old = {"scale": 512.0, "growth_factor": 2.0, "backoff_factor": 0.5, "growth_interval": 2000,
-           "growth_tracker": 7}
+    old = {"scale": 512.0, "growth_factor": 2.0, "backoff_factor": 0.5, "growth_interval": 2000, "growth_tracker": 7}
     scaler = eo.GradScaler()
     scaler.load_state_dict(old)
     assert scaler.get_scale() == 512.0 and scaler.state_dict()["min_scale"] == 1.0

@@ -13,6 +13,7 @@ or bfloat16 operands, computes in float32 and rounds once (everyo.low_precision)
 * reductions: NumPy's float16 (and ml_dtypes' bfloat16) sum and var
   accumulate in the 16-bit type along some axes; ours are never less accurate.
 """
+
 import numpy as np
 import pytest
 
@@ -145,8 +146,9 @@ def test_forward_is_the_float32_op_rounded_once(name, dtype):
 def test_backward_is_the_float32_backward_rounded_once(name, dtype):
     arrays, kwargs = CASES[name](dtype)
     if name in ("log", "sqrt", "div", "pow"):  # keep away from poles, where 0 * inf makes NaN noise
-        arrays = tuple(np.where(np.abs(a.astype(np.float32)) > 0.25, a, np.asarray(1.0, dtype)).astype(dtype)
-                       for a in arrays)
+        arrays = tuple(
+            np.where(np.abs(a.astype(np.float32)) > 0.25, a, np.asarray(1.0, dtype)).astype(dtype) for a in arrays
+        )
     with np.errstate(all="ignore"):
         tensors, out = call(name, arrays, kwargs, requires_grad=True)
         g = (np.random.default_rng(5).standard_normal(out.data.shape) * 2).astype(dtype)
@@ -174,8 +176,14 @@ def test_index_ops_on_16_bit_operands_equal_the_exact_float32_ones(name, dtype):
 
 CORRECTLY_ROUNDED = {
     # name: the 16-bit computation NumPy (float16) or ml_dtypes (bfloat16) does itself
-    "add": lambda a, b: a + b, "sub": lambda a, b: a - b, "mul": lambda a, b: a * b, "div": lambda a, b: a / b,
-    "neg": np.negative, "abs": np.abs, "sqrt": np.sqrt, "relu": lambda a: np.maximum(a, a.dtype.type(0)),
+    "add": lambda a, b: a + b,
+    "sub": lambda a, b: a - b,
+    "mul": lambda a, b: a * b,
+    "div": lambda a, b: a / b,
+    "neg": np.negative,
+    "abs": np.abs,
+    "sqrt": np.sqrt,
+    "relu": lambda a: np.maximum(a, a.dtype.type(0)),
     "clip": lambda a: np.clip(a, a.dtype.type(-1.5), a.dtype.type(2.0)),
     "pow": lambda a: np.power(a, 3),
 }
@@ -202,9 +210,11 @@ def test_correctly_rounded_ops_equal_numpys_own_16_bit_result(name, dtype):
 
 def ulps_apart(a, b):
     """Distance in units in the last place between two 16-bit arrays of finite values."""
+
     def ordered(x):
         s = bits(x).astype(np.int32)
         return np.where(s & 0x8000, 0x8000 - s, s)  # a monotone integer line through zero
+
     return np.abs(ordered(a) - ordered(b))
 
 

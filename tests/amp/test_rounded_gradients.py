@@ -3,6 +3,7 @@ float16 values kept in float32). That must be invisible: every gradient is
 bit-identical to the path that stores each one as a float16 array, and
 whatever leaves autograd (a leaf's or a retained ``.grad``) is a float16
 ndarray."""
+
 import numpy as np
 import pytest
 
@@ -48,8 +49,9 @@ def _mlp_build(retain=False):
         rng = np.random.default_rng(0)
         x = eo.tensor(rng.standard_normal((300, 16)).astype(np.float32))
         y = eo.tensor(rng.standard_normal((300, 1)).astype(np.float32))
-        model = eo.Sequential(eo.Linear(16, 32, seed=1), eo.ReLU(), eo.Linear(32, 32, seed=2), eo.ReLU(),
-                              eo.Linear(32, 1, seed=3))
+        model = eo.Sequential(
+            eo.Linear(16, 32, seed=1), eo.ReLU(), eo.Linear(32, 32, seed=2), eo.ReLU(), eo.Linear(32, 1, seed=3)
+        )
         with eo.autocast():
             h1 = model[1](model[0](x))
             h2 = model[3](model[2](h1.retain_grad() if retain else h1))
@@ -66,9 +68,14 @@ def _cnn_build():
         x = eo.tensor(rng.standard_normal((16, 8, 8, 1)).astype(np.float32))
         y = rng.integers(0, 10, size=16)
         model = eo.Sequential(
-            eo.Conv2D(1, 8, 3, padding="same", seed=0), eo.ReLU(), eo.MaxPool2D(2),
-            eo.Conv2D(8, 16, 3, padding="same", seed=1), eo.ReLU(), eo.AvgPool2D(2),
-            eo.Flatten(), eo.Linear(16 * 2 * 2, 10, seed=2),
+            eo.Conv2D(1, 8, 3, padding="same", seed=0),
+            eo.ReLU(),
+            eo.MaxPool2D(2),
+            eo.Conv2D(8, 16, 3, padding="same", seed=1),
+            eo.ReLU(),
+            eo.AvgPool2D(2),
+            eo.Flatten(),
+            eo.Linear(16 * 2 * 2, 10, seed=2),
         )
         with eo.autocast():
             out = model(x)
@@ -148,5 +155,7 @@ def test_accumulate_is_numpys_own_16_bit_add(name):
         for left, right in ((_rounded(_up(a), dtype), b), (_rounded(_up(a), dtype), _rounded(_up(b), dtype))):
             got = left.accumulate(right)
             assert isinstance(got, Rounded) and got.dtype == dtype
-            same = (got.materialize().view(np.uint16) == expected.view(np.uint16)) | np.isnan(expected.astype(np.float32))
+            same = (got.materialize().view(np.uint16) == expected.view(np.uint16)) | np.isnan(
+                expected.astype(np.float32)
+            )
             assert same.all()

@@ -1,5 +1,6 @@
 """End to end: a digit CNN trained under autocast + GradScaler learns as well
 as the same CNN trained in float32 (same data, seeds and steps)."""
+
 import importlib.util
 from pathlib import Path
 
@@ -19,8 +20,11 @@ def load_digits(n, seed):
 
 def make_cnn():
     return eo.Sequential(
-        eo.Conv2D(1, 16, 3, padding="same", seed=0), eo.ReLU(), eo.MaxPool2D(2),
-        eo.Flatten(), eo.Linear(4 * 4 * 16, 10, seed=1),
+        eo.Conv2D(1, 16, 3, padding="same", seed=0),
+        eo.ReLU(),
+        eo.MaxPool2D(2),
+        eo.Flatten(),
+        eo.Linear(4 * 4 * 16, 10, seed=1),
     )
 
 

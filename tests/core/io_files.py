@@ -1,5 +1,6 @@
 """Helpers for the checkpoint tests: build archives by hand (with lying
 manifests, odd members, compression) and compare loaded states exactly."""
+
 import io
 import json
 import math

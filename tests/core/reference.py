@@ -1,5 +1,6 @@
 """Plain-NumPy reference implementations, written directly from the definitions
 (loops over output pixels), independent of EveryO's vectorised code."""
+
 import math
 
 import numpy as np
@@ -19,13 +20,13 @@ def conv2d_loop(x, w, b, stride, padding):
     else:
         t = bt = l = rt = 0
     xp = np.zeros((n, h + t + bt, wd + l + rt, c))
-    xp[:, t:t + h, l:l + wd] = x
+    xp[:, t : t + h, l : l + wd] = x
     oh = (h + t + bt - kh) // stride + 1
     ow = (wd + l + rt - kw) // stride + 1
     out = np.zeros((n, oh, ow, o))
     for i in range(oh):
         for j in range(ow):
-            patch = xp[:, i * stride:i * stride + kh, j * stride:j * stride + kw, :]
+            patch = xp[:, i * stride : i * stride + kh, j * stride : j * stride + kw, :]
             for q in range(o):
                 out[:, i, j, q] = (patch * w[:, :, :, q]).sum(axis=(1, 2, 3))
     return out + (0 if b is None else b)

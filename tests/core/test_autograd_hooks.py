@@ -1,4 +1,5 @@
 """Gradient hooks, end-of-backward callbacks, retain_graph and eo.grad."""
+
 import inspect
 
 import numpy as np

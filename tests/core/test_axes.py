@@ -1,5 +1,6 @@
 """Axis arguments are checked as NumPy checks them (0.1 took them modulo the
 rank: ``x.sum(axis=2)`` on a matrix summed axis 0)."""
+
 import numpy as np
 import pytest
 
@@ -26,7 +27,9 @@ BAD_AXIS_CALLS = {
 @pytest.mark.parametrize("op", sorted(BAD_AXIS_CALLS))
 @pytest.mark.parametrize("axis", [2, -3, 7])
 def test_out_of_range_axis_names_op_axis_and_rank(op, axis):
-    with pytest.raises(eo.EveryOShapeError, match=rf"{op}: axis {axis} is out of range for a tensor of rank 2 \(shape \(2, 3\)\)"):
+    with pytest.raises(
+        eo.EveryOShapeError, match=rf"{op}: axis {axis} is out of range for a tensor of rank 2 \(shape \(2, 3\)\)"
+    ):
         BAD_AXIS_CALLS[op](eo.tensor(M), axis)
 
 
@@ -47,7 +50,9 @@ def test_zero_d_with_an_axis():
 def test_stack_accepts_one_past_the_last_axis_and_no_more():
     x = eo.tensor(M)
     assert eo.stack([x, x], axis=2).shape == (2, 3, 2) and eo.stack([x, x], axis=-3).shape == (2, 2, 3)
-    with pytest.raises(eo.EveryOShapeError, match=r"stack: axis 3 is out of range for the rank-3 result \(input shape \(2, 3\)\)"):
+    with pytest.raises(
+        eo.EveryOShapeError, match=r"stack: axis 3 is out of range for the rank-3 result \(input shape \(2, 3\)\)"
+    ):
         eo.stack([x, x], axis=3)
 
 
@@ -63,14 +68,18 @@ def test_transpose_needs_a_permutation():
 
 
 def test_join_shape_mismatch_is_named():
-    with pytest.raises(eo.EveryOShapeError, match=r"concatenate: tensor 1 has shape \(2, 2\) but tensor 0 has shape \(2, 3\)"):
+    with pytest.raises(
+        eo.EveryOShapeError, match=r"concatenate: tensor 1 has shape \(2, 2\) but tensor 0 has shape \(2, 3\)"
+    ):
         eo.concatenate([eo.tensor(M), eo.ones(2, 2)], axis=0)
     with pytest.raises(eo.EveryOShapeError, match="stack: needs at least one tensor"):
         eo.stack([])
 
 
 def test_reshape_error_names_shapes():
-    with pytest.raises(eo.EveryOShapeError, match=r"reshape: cannot reshape a tensor of shape \(2, 3\) \(6 elements\) to \(4, 2\)"):
+    with pytest.raises(
+        eo.EveryOShapeError, match=r"reshape: cannot reshape a tensor of shape \(2, 3\) \(6 elements\) to \(4, 2\)"
+    ):
         eo.reshape(eo.tensor(M), (4, 2))
 
 

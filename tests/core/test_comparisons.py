@@ -1,6 +1,7 @@
 """Comparisons are elementwise and boolean (0.1: ``tensor == y`` was Python
 identity, silently False), Tensor stays hashable by identity, and truth
 values follow NumPy."""
+
 import operator
 
 import numpy as np

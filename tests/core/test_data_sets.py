@@ -1,4 +1,5 @@
 """Datasets, samplers, collate functions and pad_sequences."""
+
 import numpy as np
 import pytest
 

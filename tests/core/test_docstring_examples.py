@@ -1,4 +1,5 @@
 """Every docstring example in everyo-core runs as written (doctest)."""
+
 from everyo.testing import run_docstring_examples
 
 ADDONS = ("everyo.amp", "everyo.onnx", "everyo.distributed", "everyo.distributed_tcp", "everyo.distributed_mpi")

@@ -1,4 +1,5 @@
 """Bad input raises the specific error, with a message that helps."""
+
 import numpy as np
 import pytest
 
@@ -6,8 +7,14 @@ import everyo as eo
 
 
 def test_error_hierarchy():
-    for cls in (eo.EveryOShapeError, eo.EveryODTypeError, eo.EveryOStateDictError, eo.EveryOIndexError,
-                eo.EveryOSerializationError, eo.EveryODistributedError):
+    for cls in (
+        eo.EveryOShapeError,
+        eo.EveryODTypeError,
+        eo.EveryOStateDictError,
+        eo.EveryOIndexError,
+        eo.EveryOSerializationError,
+        eo.EveryODistributedError,
+    ):
         assert issubclass(cls, eo.EveryOError)
     assert issubclass(eo.EveryOShapeError, ValueError) and issubclass(eo.EveryODTypeError, TypeError)
 

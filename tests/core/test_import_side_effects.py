@@ -5,6 +5,7 @@ it: with glibc's defaults, freed 4 MiB arrays (mmapped, or trimmed from the top
 of the heap) go back to the OS; with the tuning they stay in the heap. Each case
 runs in a fresh interpreter so that nothing else in the test session counts.
 """
+
 import subprocess
 import sys
 
@@ -52,9 +53,11 @@ def test_tune_allocator_is_the_opt_in():
 
 
 def test_import_sets_no_environment_and_imports_only_numpy():
-    code = ("import os, sys; before = dict(os.environ); import everyo; "
-            "assert dict(os.environ) == before; "
-            "heavy = [m for m in ('onnx', 'onnxruntime', 'mpi4py', 'ml_dtypes', 'safetensors', 'torch', "
-            "'everyo.amp', 'everyo.onnx', 'everyo.distributed') if m in sys.modules]; "
-            "assert not heavy, heavy")
+    code = (
+        "import os, sys; before = dict(os.environ); import everyo; "
+        "assert dict(os.environ) == before; "
+        "heavy = [m for m in ('onnx', 'onnxruntime', 'mpi4py', 'ml_dtypes', 'safetensors', 'torch', "
+        "'everyo.amp', 'everyo.onnx', 'everyo.distributed') if m in sys.modules]; "
+        "assert not heavy, heavy"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)

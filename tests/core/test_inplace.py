@@ -1,4 +1,5 @@
 """Values changed in place between the forward pass and backward() are caught."""
+
 import numpy as np
 import pytest
 
@@ -20,19 +21,25 @@ def test_optimizer_step_between_forward_and_backward_raises_and_changes_nothing(
         p.grad = np.ones_like(p.data)
     opt.step()
     opt.zero_grad()
-    with pytest.raises(eo.EveryOInPlaceError, match=r"backward through linear: its input 1 \(a Parameter of shape "
-                                                      r"\(3, 2\), float32\) was changed in place"):
+    with pytest.raises(
+        eo.EveryOInPlaceError,
+        match=r"backward through linear: its input 1 \(a Parameter of shape "
+        r"\(3, 2\), float32\) was changed in place",
+    ):
         loss.backward()
     # Checked before any gradient is computed: no .grad was touched.
     assert all(p.grad is None for p in lin.parameters())
     assert issubclass(eo.EveryOInPlaceError, RuntimeError)
 
 
-@pytest.mark.parametrize("change", [
-    lambda w: setattr(w, "data", w.data * 2),
-    lambda w: w.__setattr__("data", np.zeros_like(w.data)),
-    lambda w: exec("w.data -= 1", {"w": w}),  # augmented assignment goes through the setter
-])
+@pytest.mark.parametrize(
+    "change",
+    [
+        lambda w: setattr(w, "data", w.data * 2),
+        lambda w: w.__setattr__("data", np.zeros_like(w.data)),
+        lambda w: exec("w.data -= 1", {"w": w}),  # augmented assignment goes through the setter
+    ],
+)
 def test_data_assignment_raises(change):
     w = eo.Parameter(np.array([1.0, 2.0, 3.0]))
     y = (w * w).sum()
@@ -41,14 +48,17 @@ def test_data_assignment_raises(change):
         y.backward()
 
 
-@pytest.mark.parametrize("method,args", [("add_", (1.0,)), ("mul_", (2.0,)), ("copy_", (np.zeros(3),)),
-                                         ("fill_", (5.0,)), ("zero_", ())])
+@pytest.mark.parametrize(
+    "method,args", [("add_", (1.0,)), ("mul_", (2.0,)), ("copy_", (np.zeros(3),)), ("fill_", (5.0,)), ("zero_", ())]
+)
 def test_inplace_methods_bump_the_version(method, args):
     x = eo.tensor(np.array([1.0, 2.0, 3.0]))  # needs no grad, but mul saved it for w's gradient
     w = eo.Parameter(np.array([0.5, 0.5, 0.5]))
     y = (x * w).sum()
     getattr(x, method)(*args)
-    with pytest.raises(eo.EveryOInPlaceError, match=r"its input 0 \(a Tensor that does not require grad of shape \(3,\)"):
+    with pytest.raises(
+        eo.EveryOInPlaceError, match=r"its input 0 \(a Tensor that does not require grad of shape \(3,\)"
+    ):
         y.backward()
 
 
@@ -174,8 +184,11 @@ def test_detect_inplace_writes_catches_direct_writes_into_the_array():
     with eo.autograd.detect_inplace_writes():
         y = eo.tanh(w * 2.0).sum()
         w.data[1] = 7.0  # no version bump: only the saved copy shows it
-        with pytest.raises(eo.EveryOInPlaceError, match=r"backward through mul: its input 0 \(a Parameter of shape "
-                                                          r"\(3,\), float64\) was written into directly"):
+        with pytest.raises(
+            eo.EveryOInPlaceError,
+            match=r"backward through mul: its input 0 \(a Parameter of shape "
+            r"\(3,\), float64\) was written into directly",
+        ):
             y.backward()
     assert eo.autograd.snapshots is None
 

@@ -16,8 +16,16 @@ def test_save_load_round_trip_is_bit_identical(tmp_path):
     opt = eo.Adam(model.parameters(), lr=0.01)
     eo.cross_entropy(model(eo.randn(4, 4, 4, 1, seed=1)), np.array([0, 1, 2, 0])).backward()
     opt.step()
-    state = {"model": model.state_dict(), "optimizer": opt.state_dict(), "epoch": 3, "note": "hi",
-             "nothing": None, "shape": (1, 2), "lr": 0.5, "inf": float("inf")}
+    state = {
+        "model": model.state_dict(),
+        "optimizer": opt.state_dict(),
+        "epoch": 3,
+        "note": "hi",
+        "nothing": None,
+        "shape": (1, 2),
+        "lr": 0.5,
+        "inf": float("inf"),
+    }
     path = tmp_path / "ckpt.npz"
     eo.save(state, path)
     back = eo.load(path)

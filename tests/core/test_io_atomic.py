@@ -1,5 +1,6 @@
 """atomic_write: non-regular targets are written through, temporaries are
 named, cleaned and never left behind, modes follow open()'s rules."""
+
 import os
 import re
 import signal
@@ -23,7 +24,12 @@ def _state():
 
 
 def _same(a, b):
-    return a.keys() == b.keys() and np.array_equal(a["w"], b["w"]) and a["w"].dtype == b["w"].dtype and a["step"] == b["step"]
+    return (
+        a.keys() == b.keys()
+        and np.array_equal(a["w"], b["w"])
+        and a["w"].dtype == b["w"].dtype
+        and a["step"] == b["step"]
+    )
 
 
 def _read_fifo(path, sink):
@@ -184,8 +190,9 @@ def test_a_kill_9_mid_save_leaves_a_temporary_that_the_next_save_removes(tmp_pat
     path = tmp_path / "c.npz"
     eo.save({"step": 0}, path)
     before = path.read_bytes()
-    child = subprocess.Popen([sys.executable, "-c", _CHILD, str(path)], stdin=subprocess.PIPE,
-                             stdout=subprocess.PIPE, env=os.environ.copy())
+    child = subprocess.Popen(
+        [sys.executable, "-c", _CHILD, str(path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=os.environ.copy()
+    )
     try:
         assert child.stdout.readline() == b"writing\n"
         os.kill(child.pid, signal.SIGKILL)

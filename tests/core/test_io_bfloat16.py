@@ -1,5 +1,6 @@
 """bfloat16 in checkpoints: core stores the raw bits without importing
 ml_dtypes, and needs ml_dtypes (everyo-core[amp]) only to hand them back."""
+
 import json
 import os
 import subprocess
@@ -15,8 +16,9 @@ ml_dtypes = pytest.importorskip("ml_dtypes")  # optional: everyo-amp's dependenc
 BF16 = ml_dtypes.bfloat16
 
 # Every kind of bfloat16 value: zeros of both signs, subnormals, normals, infinities, NaNs.
-BITS = np.array([0x0000, 0x8000, 0x0001, 0x807F, 0x3F80, 0xC2F7, 0x7F7F, 0x7F80, 0xFF80, 0x7FC0, 0xFFC1],
-                dtype=np.uint16)
+BITS = np.array(
+    [0x0000, 0x8000, 0x0001, 0x807F, 0x3F80, 0xC2F7, 0x7F7F, 0x7F80, 0xFF80, 0x7FC0, 0xFFC1], dtype=np.uint16
+)
 
 
 def test_bfloat16_arrays_and_scalars_round_trip_bit_for_bit(tmp_path):
@@ -64,7 +66,7 @@ def test_bfloat16_in_safetensors_is_bf16(tmp_path):
     safetensors_numpy = pytest.importorskip("safetensors.numpy")
     path = tmp_path / "b.safetensors"
     eo.save({"w": BITS.view(BF16)}, path)
-    header = json.loads(path.read_bytes()[8:8 + int.from_bytes(path.read_bytes()[:8], "little")])
+    header = json.loads(path.read_bytes()[8 : 8 + int.from_bytes(path.read_bytes()[:8], "little")])
     assert header["w"]["dtype"] == "BF16"
     back = eo.load(path)["w"]
     assert back.dtype == BF16 and np.array_equal(back.view(np.uint16), BITS)
@@ -72,8 +74,15 @@ def test_bfloat16_in_safetensors_is_bf16(tmp_path):
 
 
 def test_core_imports_neither_ml_dtypes_nor_safetensors(tmp_path):
-    code = ("import sys, numpy as np, everyo as eo; eo.save({'w': np.ones(2)}, sys.argv[1]); eo.load(sys.argv[1]);"
-            "print(sorted(m for m in ('ml_dtypes', 'safetensors') if m in sys.modules))")
-    out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "c.npz")], capture_output=True, text=True,
-                         env=os.environ.copy(), check=True)
+    code = (
+        "import sys, numpy as np, everyo as eo; eo.save({'w': np.ones(2)}, sys.argv[1]); eo.load(sys.argv[1]);"
+        "print(sorted(m for m in ('ml_dtypes', 'safetensors') if m in sys.modules))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path / "c.npz")],
+        capture_output=True,
+        text=True,
+        env=os.environ.copy(),
+        check=True,
+    )
     assert out.stdout.strip() == "[]"

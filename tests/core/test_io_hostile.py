@@ -1,6 +1,7 @@
 """eo.load on hostile files: every one is a clear EveryOSerializationError
 naming the file, never another exception, never unpickling, and never an
 allocation larger than the file."""
+
 import json
 import os
 import pickle
@@ -65,8 +66,9 @@ def test_a_member_named_twice_is_refused(tmp_path):
     buf = io.BytesIO()
     with warnings.catch_warnings(), zipfile.ZipFile(buf, "w") as z:
         warnings.simplefilter("ignore")  # zipfile warns about the duplicate, and writes it
-        z.writestr("__everyo_manifest__.npy", npy_bytes(np.frombuffer(json.dumps(meta(array_node(0, W))).encode(),
-                                                                      np.uint8)))
+        z.writestr(
+            "__everyo_manifest__.npy", npy_bytes(np.frombuffer(json.dumps(meta(array_node(0, W))).encode(), np.uint8))
+        )
         z.writestr("a0.npy", npy_bytes(W))
         z.writestr("a0.npy", npy_bytes(W + 1))
     _refused(tmp_path, buf.getvalue(), "two members named 'a0.npy'")
@@ -151,8 +153,10 @@ LYING_MANIFESTS = {
     "float word": ({"t": "list", "items": [array_node(0, W), {"t": "float", "v": "1e999"}]}, "float node"),
     "items a dict": ({"t": "dict", "items": {"w": array_node(0, W)}}, "dict node"),
     "dict key an int": ({"t": "dict", "items": [[0, array_node(0, W)]]}, "malformed or repeated key"),
-    "dict key twice": ({"t": "dict", "items": [["w", array_node(0, W)], ["w", {"t": "value", "v": 1}]]},
-                       "repeated key"),
+    "dict key twice": (
+        {"t": "dict", "items": [["w", array_node(0, W)], ["w", {"t": "value", "v": 1}]]},
+        "repeated key",
+    ),
     "dict item too long": ({"t": "dict", "items": [["w", array_node(0, W), 1]]}, "malformed"),
     "array never used": ({"t": "value", "v": 1}, "unexpected members"),
 }
@@ -178,17 +182,22 @@ def test_deep_nesting_is_refused_at_any_depth(tmp_path):
     assert same(_load_bytes(tmp_path, _lie(_nested(64))), eval("[" * 64 + "W" + "]" * 64))
 
 
-@pytest.mark.parametrize("raw, match", [
-    (b"\xff\xfe not utf-8", "not valid JSON"),
-    (b"{not json", "not valid JSON"),
-    (b'"a string"', "not an EveryO manifest"),
-    (b'{"format": "everyo-checkpoint", "version": 3, "tree": null}', "version 3"),
-    (b'{"format": "everyo-checkpoint", "version": "2", "tree": null}', "version '2'"),
-    (b'{"format": "everyo-checkpoint", "version": 2, "tree": null, "x": 1}', "unexpected fields"),
-    (b'{"format": "other", "version": 2, "tree": null}', "not an EveryO manifest"),
-    (b'{"format": "everyo-checkpoint", "version": 2, "tree": {"t": "value", "v": ' + b"9" * 5000 + b"}}",
-     "not valid JSON"),
-])
+@pytest.mark.parametrize(
+    "raw, match",
+    [
+        (b"\xff\xfe not utf-8", "not valid JSON"),
+        (b"{not json", "not valid JSON"),
+        (b'"a string"', "not an EveryO manifest"),
+        (b'{"format": "everyo-checkpoint", "version": 3, "tree": null}', "version 3"),
+        (b'{"format": "everyo-checkpoint", "version": "2", "tree": null}', "version '2'"),
+        (b'{"format": "everyo-checkpoint", "version": 2, "tree": null, "x": 1}', "unexpected fields"),
+        (b'{"format": "other", "version": 2, "tree": null}', "not an EveryO manifest"),
+        (
+            b'{"format": "everyo-checkpoint", "version": 2, "tree": {"t": "value", "v": ' + b"9" * 5000 + b"}}",
+            "not valid JSON",
+        ),
+    ],
+)
 def test_malformed_manifest_documents_are_refused(tmp_path, raw, match):
     _refused(tmp_path, archive(raw, {}), match)
 
@@ -199,8 +208,15 @@ def test_a_manifest_member_that_is_not_bytes_is_refused(tmp_path):
 
 
 def test_version_1_checkpoints_from_everyo_0_1_still_load(tmp_path):
-    tree = {"t": "dict", "items": [["w", {"t": "array", "i": 0}], ["lr", {"t": "array", "i": 1, "scalar": True}],
-                                   ["n", {"t": "value", "v": 3}], ["x", {"t": "float", "v": "inf"}]]}
+    tree = {
+        "t": "dict",
+        "items": [
+            ["w", {"t": "array", "i": 0}],
+            ["lr", {"t": "array", "i": 1, "scalar": True}],
+            ["n", {"t": "value", "v": 3}],
+            ["x", {"t": "float", "v": "inf"}],
+        ],
+    }
     data = archive(meta(tree, version=1), {"a0.npy": W, "a1.npy": np.asarray(np.float32(0.5))})
     back = _load_bytes(tmp_path, data)
     assert same(back, {"w": W, "lr": np.float32(0.5), "n": 3, "x": float("inf")})
@@ -227,12 +243,15 @@ def _deep_list(depth):
     return value
 
 
-@pytest.mark.parametrize("value, match", [
-    (np.zeros(2, dtype=[("a", "<f4")]), "dtype"),
-    (np.array(["2020-01-01"], dtype="M8[D]"), "dtype"),
-    (_deep_list(70), "nested more than 64"),
-    pytest.param(2 ** 20000, "cannot be written to the manifest", id="int-of-6000-digits"),
-])
+@pytest.mark.parametrize(
+    "value, match",
+    [
+        (np.zeros(2, dtype=[("a", "<f4")]), "dtype"),
+        (np.array(["2020-01-01"], dtype="M8[D]"), "dtype"),
+        (_deep_list(70), "nested more than 64"),
+        pytest.param(2**20000, "cannot be written to the manifest", id="int-of-6000-digits"),
+    ],
+)
 def test_values_a_checkpoint_cannot_hold_are_refused_on_save(tmp_path, value, match):
     with pytest.raises(eo.EveryOSerializationError, match=match):
         eo.save({"v": value}, tmp_path / "x.npz")
@@ -241,11 +260,18 @@ def test_values_a_checkpoint_cannot_hold_are_refused_on_save(tmp_path, value, ma
 
 def test_every_kind_of_value_round_trips_exactly(tmp_path):
     state = {
-        "f16": np.array([1.5, -0.0, np.inf], dtype=np.float16), "c": np.array([1 + 2j], np.complex128),
-        "big_endian": np.arange(3, dtype=">i4"), "fortran": np.asfortranarray(np.arange(6.0).reshape(2, 3)),
-        "strided": np.arange(10)[::3], "bool": np.array([True, False]), "u": np.array(["ab", "ç"]),
-        "bytes": np.array([b"x", b"yz"]), "empty": np.zeros((0, 3), np.float32), "scalar": np.int64(-5),
-        "nested": [(1, 2.5, None, "s", True), {"": float("-inf"), "nan": float("nan")}], "big": 2**70,
+        "f16": np.array([1.5, -0.0, np.inf], dtype=np.float16),
+        "c": np.array([1 + 2j], np.complex128),
+        "big_endian": np.arange(3, dtype=">i4"),
+        "fortran": np.asfortranarray(np.arange(6.0).reshape(2, 3)),
+        "strided": np.arange(10)[::3],
+        "bool": np.array([True, False]),
+        "u": np.array(["ab", "ç"]),
+        "bytes": np.array([b"x", b"yz"]),
+        "empty": np.zeros((0, 3), np.float32),
+        "scalar": np.int64(-5),
+        "nested": [(1, 2.5, None, "s", True), {"": float("-inf"), "nan": float("nan")}],
+        "big": 2**70,
     }
     path = tmp_path / "all.npz"
     eo.save(state, path)

@@ -4,6 +4,7 @@ was saved or raises EveryOSerializationError, and nothing else.
 2,200 examples in all (truncations, bit flips anywhere and in the zip
 structures, random manifests), on small payloads so the file runs in seconds.
 """
+
 import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -12,11 +13,19 @@ import everyo as eo
 from everyo.io import manifest
 from io_files import archive, meta, same
 
-STATE = {"w": np.arange(6, dtype=np.float32).reshape(2, 3), "ids": np.array([3, -1], dtype=np.int64),
-         "step": 7, "lr": np.float64(0.5), "note": "ok", "t": (None, 1.5, float("inf")), "l": [True, {}]}
+STATE = {
+    "w": np.arange(6, dtype=np.float32).reshape(2, 3),
+    "ids": np.array([3, -1], dtype=np.int64),
+    "step": 7,
+    "lr": np.float64(0.5),
+    "note": "ok",
+    "t": (None, 1.5, float("inf")),
+    "l": [True, {}],
+}
 MEMBERS = [np.arange(6, dtype=np.float32).reshape(2, 3), np.array([3, -1], dtype=np.int64), np.asarray(2.5)]
-PROPERTY = settings(deadline=None, database=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
-                                                                         HealthCheck.too_slow])
+PROPERTY = settings(
+    deadline=None, database=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
+)
 
 
 def _checkpoint_bytes(tmp_path_factory):
@@ -57,7 +66,6 @@ def test_truncations(tmp_path_factory, cut):
     assert _outcome(path, data[: cut % len(data)]) is REFUSED
 
 
-
 def _flip(data, bits):
     out = bytearray(data)
     for bit in bits:
@@ -74,7 +82,6 @@ def test_bit_flips_anywhere(tmp_path_factory, bits):
     assert result is REFUSED or same(result, STATE)
 
 
-
 @settings(PROPERTY, max_examples=500)
 @given(where=st.sampled_from(["local", "central"]), offset=st.integers(0, 10**6), bit=st.integers(0, 7))
 def test_bit_flips_in_the_zip_structures(tmp_path_factory, where, offset, bit):
@@ -88,14 +95,21 @@ def test_bit_flips_in_the_zip_structures(tmp_path_factory, where, offset, bit):
     assert result is REFUSED or same(result, STATE)
 
 
-
 # --- lying manifests ----------------------------------------------------------------
 _DTYPES = st.sampled_from(["<f4", "<i8", "<f8", "|u1", "bfloat16", "|O", "<V8", "f4", "<f0", 7, None])
-_SHAPES = st.one_of(st.lists(st.integers(-2, 7), max_size=3), st.just([2, 3]), st.just([2]), st.just([]),
-                    st.integers(), st.text(max_size=3))
-_JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False)
-                     | st.text(max_size=4), lambda inner: st.lists(inner, max_size=3)
-                     | st.dictionaries(st.text(max_size=3), inner, max_size=3), max_leaves=6)
+_SHAPES = st.one_of(
+    st.lists(st.integers(-2, 7), max_size=3),
+    st.just([2, 3]),
+    st.just([2]),
+    st.just([]),
+    st.integers(),
+    st.text(max_size=3),
+)
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=4),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=3), inner, max_size=3),
+    max_leaves=6,
+)
 
 
 @st.composite
@@ -129,16 +143,28 @@ def _canonical(tree):
 
 _VALID_LEAVES = st.one_of(
     st.just("ARRAY"),
-    st.builds(lambda v: {"t": "value", "v": v}, st.none() | st.booleans() | st.integers() | st.text(max_size=3)
-              | st.floats(allow_nan=False, allow_infinity=False)),
+    st.builds(
+        lambda v: {"t": "value", "v": v},
+        st.none()
+        | st.booleans()
+        | st.integers()
+        | st.text(max_size=3)
+        | st.floats(allow_nan=False, allow_infinity=False),
+    ),
     st.builds(lambda v: {"t": "float", "v": v}, st.sampled_from(["inf", "-inf", "nan"])),
 )
-_VALID_TREES = st.recursive(_VALID_LEAVES, lambda inner: st.one_of(
-    st.builds(lambda items: {"t": "list", "items": items}, st.lists(inner, max_size=3)),
-    st.builds(lambda items: {"t": "tuple", "items": items}, st.lists(inner, max_size=3)),
-    st.builds(lambda d: {"t": "dict", "items": [[k, v] for k, v in d.items()]},
-              st.dictionaries(st.text(max_size=2), inner, max_size=3)),
-), max_leaves=8)
+_VALID_TREES = st.recursive(
+    _VALID_LEAVES,
+    lambda inner: st.one_of(
+        st.builds(lambda items: {"t": "list", "items": items}, st.lists(inner, max_size=3)),
+        st.builds(lambda items: {"t": "tuple", "items": items}, st.lists(inner, max_size=3)),
+        st.builds(
+            lambda d: {"t": "dict", "items": [[k, v] for k, v in d.items()]},
+            st.dictionaries(st.text(max_size=2), inner, max_size=3),
+        ),
+    ),
+    max_leaves=8,
+)
 
 
 def _place_arrays(tree, count):

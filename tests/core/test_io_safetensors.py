@@ -1,4 +1,5 @@
 """eo.save / eo.load of .safetensors files (the optional everyo-core[safetensors] extra)."""
+
 import json
 import os
 import sys
@@ -16,10 +17,16 @@ safetensors_numpy = pytest.importorskip("safetensors.numpy")  # optional extra; 
 
 def _state():
     return {
-        "model": {"0.weight": np.arange(6, dtype=np.float32).reshape(2, 3), "0.bias": np.zeros(3, np.float16),
-                  "emb": {"ids": np.array([1, -2], np.int64)}},
-        "mask": np.array([True, False]), "bytes": np.arange(4, dtype=np.uint8), "z": np.array([1 + 2j], np.complex64),
-        "empty": {}, "scalar": np.asarray(np.float64(2.5)),
+        "model": {
+            "0.weight": np.arange(6, dtype=np.float32).reshape(2, 3),
+            "0.bias": np.zeros(3, np.float16),
+            "emb": {"ids": np.array([1, -2], np.int64)},
+        },
+        "mask": np.array([True, False]),
+        "bytes": np.arange(4, dtype=np.uint8),
+        "z": np.array([1 + 2j], np.complex64),
+        "empty": {},
+        "scalar": np.asarray(np.float64(2.5)),
     }
 
 
@@ -39,8 +46,11 @@ def test_the_file_is_plain_safetensors_with_dotted_names(tmp_path):
 
 def test_a_foreign_file_loads_as_a_flat_dict(tmp_path):
     path = tmp_path / "hf.safetensors"
-    safetensors_numpy.save_file({"b.weight": np.ones((2, 2), np.float32), "a.bias": np.zeros(2, np.float32)},
-                                str(path), metadata={"format": "pt"})
+    safetensors_numpy.save_file(
+        {"b.weight": np.ones((2, 2), np.float32), "a.bias": np.zeros(2, np.float32)},
+        str(path),
+        metadata={"format": "pt"},
+    )
     back = eo.load(path)
     assert set(back) == {"a.bias", "b.weight"} and back["b.weight"].dtype == np.float32
     assert back["b.weight"].flags.writeable
@@ -53,11 +63,18 @@ def test_tensors_are_saved_as_their_arrays(tmp_path):
     assert np.array_equal(back["model"]["weight"], model.weight.data)
 
 
-@pytest.mark.parametrize("value, match", [
-    (3, "has type int.*only arrays"), (None, "NoneType"), ([np.ones(2)], "list"), ("s", "str"),
-    (np.array(["a"]), "dtype <U1"), (np.array([1j]), "complex128"),
-    (np.ma.masked_array([1.0], mask=[True]), "masked array"),
-])
+@pytest.mark.parametrize(
+    "value, match",
+    [
+        (3, "has type int.*only arrays"),
+        (None, "NoneType"),
+        ([np.ones(2)], "list"),
+        ("s", "str"),
+        (np.array(["a"]), "dtype <U1"),
+        (np.array([1j]), "complex128"),
+        (np.ma.masked_array([1.0], mask=[True]), "masked array"),
+    ],
+)
 def test_values_safetensors_cannot_hold_are_refused_before_writing(tmp_path, value, match):
     with pytest.raises(eo.EveryOSerializationError, match=match):
         eo.save({"w": np.ones(2), "v": value}, tmp_path / "x.safetensors")
@@ -80,8 +97,10 @@ def test_big_endian_arrays_are_stored_little_endian(tmp_path):
 def test_without_the_package_the_error_says_what_to_install(tmp_path, monkeypatch):
     eo.save({"w": np.ones(2)}, tmp_path / "w.safetensors")
     monkeypatch.setitem(sys.modules, "safetensors", None)
-    for call in (lambda: eo.save({"w": np.ones(2)}, tmp_path / "v.safetensors"),
-                 lambda: eo.load(tmp_path / "w.safetensors")):
+    for call in (
+        lambda: eo.save({"w": np.ones(2)}, tmp_path / "v.safetensors"),
+        lambda: eo.load(tmp_path / "w.safetensors"),
+    ):
         with pytest.raises(eo.EveryOSerializationError, match=r"pip install everyo-core\[safetensors\]"):
             call()
     monkeypatch.undo()
@@ -91,16 +110,24 @@ def test_without_the_package_the_error_says_what_to_install(tmp_path, monkeypatc
 
 def _with_tree(tmp_path, tree):
     path = tmp_path / "t.safetensors"
-    safetensors_numpy.save_file({"a": np.ones(2, np.float32), "b": np.zeros(1, np.float32)}, str(path),
-                                metadata={"everyo.tree": tree})
+    safetensors_numpy.save_file(
+        {"a": np.ones(2, np.float32), "b": np.zeros(1, np.float32)}, str(path), metadata={"everyo.tree": tree}
+    )
     return path
 
 
-@pytest.mark.parametrize("tree, match", [
-    ("not json", "not valid JSON"), ('["a"]', "malformed"), ('{"x": "a"}', "does not mention tensors"),
-    ('{"x": "a", "y": "a", "z": "b"}', "names twice"), ('{"x": "c", "y": "a", "z": "b"}', "does not hold"),
-    ('{"x": 1}', "malformed"), ("[" * 10_000 + "]" * 10_000, "not valid JSON|malformed"),
-])
+@pytest.mark.parametrize(
+    "tree, match",
+    [
+        ("not json", "not valid JSON"),
+        ('["a"]', "malformed"),
+        ('{"x": "a"}', "does not mention tensors"),
+        ('{"x": "a", "y": "a", "z": "b"}', "names twice"),
+        ('{"x": "c", "y": "a", "z": "b"}', "does not hold"),
+        ('{"x": 1}', "malformed"),
+        ("[" * 10_000 + "]" * 10_000, "not valid JSON|malformed"),
+    ],
+)
 def test_lying_tree_metadata_is_refused(tmp_path, tree, match):
     with pytest.raises(eo.EveryOSerializationError, match=match):
         eo.load(_with_tree(tmp_path, tree))

@@ -1,6 +1,7 @@
 """PyTorch weights into EveryO models: eo.load_torch_state_dict against
 outputs recorded from real torch.nn modules (fixtures/make_torch_fixtures.py
 made them with torch; this test needs only safetensors)."""
+
 import os
 
 import numpy as np
@@ -36,8 +37,14 @@ def test_mlp_with_batchnorm():
 
 
 def test_cnn_kernels_go_from_oihw_to_hwio():
-    model = eo.Sequential(eo.Conv2D(3, 4, 3), eo.BatchNorm2D(4), eo.ReLU(), eo.Conv2D(4, 4, 3, padding="same"),
-                          eo.ReLU(), eo.Conv2D(4, 2, 3, stride=2))
+    model = eo.Sequential(
+        eo.Conv2D(3, 4, 3),
+        eo.BatchNorm2D(4),
+        eo.ReLU(),
+        eo.Conv2D(4, 4, 3, padding="same"),
+        eo.ReLU(),
+        eo.Conv2D(4, 2, 3, stride=2),
+    )
     eo.load_torch_state_dict(model, _weights("cnn"))
     model.eval()
     _close(model(_nhwc(RECORD["cnn.input"])).data, _nhwc(RECORD["cnn.output"]))
@@ -52,8 +59,9 @@ def test_lstm_two_layers_bidirectional():
     _close(c.data, RECORD["lstm.output.1.1"])
 
 
-@pytest.mark.parametrize("name, layer", [("gru", lambda: eo.GRU(4, 5, num_layers=2)),
-                                         ("rnn", lambda: eo.RNN(4, 5, nonlinearity="relu"))])
+@pytest.mark.parametrize(
+    "name, layer", [("gru", lambda: eo.GRU(4, 5, num_layers=2)), ("rnn", lambda: eo.RNN(4, 5, nonlinearity="relu"))]
+)
 def test_gru_and_rnn(name, layer):
     model = layer()
     eo.load_torch_state_dict(model, _weights(name))

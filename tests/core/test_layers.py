@@ -1,5 +1,6 @@
 """Each layer's forward against a plain-NumPy reference, and its gradients
 against finite differences."""
+
 import numpy as np
 import pytest
 
@@ -28,10 +29,17 @@ def test_seed_makes_initialisation_reproducible():
     assert not np.array_equal(a.weight.data, c.weight.data)
 
 
-@pytest.mark.parametrize("h,w,k,stride,padding", [
-    (6, 6, 3, 1, "valid"), (7, 5, 3, 2, "same"), (7, 7, 2, 2, "same"), (9, 6, 5, 2, "same"),
-    (5, 5, 3, 1, "same"), (8, 8, 3, 2, "valid"),
-])
+@pytest.mark.parametrize(
+    "h,w,k,stride,padding",
+    [
+        (6, 6, 3, 1, "valid"),
+        (7, 5, 3, 2, "same"),
+        (7, 7, 2, 2, "same"),
+        (9, 6, 5, 2, "same"),
+        (5, 5, 3, 1, "same"),
+        (8, 8, 3, 2, "valid"),
+    ],
+)
 def test_conv2d_matches_direct_loop(h, w, k, stride, padding):
     layer = eo.Conv2D(3, 4, k, stride=stride, padding=padding, seed=0).to("float64")
     x = f64(2, h, w, 3)
@@ -44,9 +52,16 @@ def test_conv2d_matches_direct_loop(h, w, k, stride, padding):
 
 
 @pytest.mark.parametrize("kind", ["max", "avg"])
-@pytest.mark.parametrize("h,w,k,stride,padding", [
-    (4, 4, 2, 2, "valid"), (7, 5, 3, 2, "same"), (5, 5, 2, 2, "same"), (6, 7, 3, 1, "same"), (9, 9, 3, 2, "valid"),
-])
+@pytest.mark.parametrize(
+    "h,w,k,stride,padding",
+    [
+        (4, 4, 2, 2, "valid"),
+        (7, 5, 3, 2, "same"),
+        (5, 5, 2, 2, "same"),
+        (6, 7, 3, 1, "same"),
+        (9, 9, 3, 2, "valid"),
+    ],
+)
 def test_pooling_matches_direct_loop(kind, h, w, k, stride, padding):
     layer = (eo.MaxPool2D if kind == "max" else eo.AvgPool2D)(k, stride=stride, padding=padding)
     x = f64(2, h, w, 3)
@@ -60,7 +75,9 @@ def _bn_reference(x, gamma, beta, eps, mean=None, var=None):
     return (x - mean) / np.sqrt(var + eps) * gamma + beta
 
 
-@pytest.mark.parametrize("cls,shape", [(eo.BatchNorm1D, (16, 3)), (eo.BatchNorm1D, (4, 5, 3)), (eo.BatchNorm2D, (4, 3, 5, 3))])
+@pytest.mark.parametrize(
+    "cls,shape", [(eo.BatchNorm1D, (16, 3)), (eo.BatchNorm1D, (4, 5, 3)), (eo.BatchNorm2D, (4, 3, 5, 3))]
+)
 def test_batchnorm_train_and_eval(cls, shape):
     bn = cls(3, momentum=0.1).to("float64")
     bn.weight.data[:] = [1.5, 0.5, -1.0]
@@ -162,8 +179,17 @@ LAYER_CASES = [
     ("Softmax", lambda: eo.Softmax(), (3, 4)),
     ("LogSoftmax", lambda: eo.LogSoftmax(), (3, 4)),
     ("Dropout_eval", lambda: eo.Dropout(0.5).eval(), (3, 4)),
-    ("Sequential_cnn", lambda: eo.Sequential(eo.Conv2D(1, 2, 3, padding="same", seed=0), eo.ReLU(),
-                                              eo.MaxPool2D(2), eo.Flatten(), eo.Linear(8, 3, seed=1)), (2, 4, 4, 1)),
+    (
+        "Sequential_cnn",
+        lambda: eo.Sequential(
+            eo.Conv2D(1, 2, 3, padding="same", seed=0),
+            eo.ReLU(),
+            eo.MaxPool2D(2),
+            eo.Flatten(),
+            eo.Linear(8, 3, seed=1),
+        ),
+        (2, 4, 4, 1),
+    ),
 ]
 
 
@@ -197,11 +223,14 @@ def test_cross_entropy_module_matches_reference():
     assert np.isclose(eo.CrossEntropyLoss()(eo.tensor(z), t).item(), -logp[np.arange(5), t].mean())
 
 
-@pytest.mark.parametrize("loss", [
-    lambda z: eo.cross_entropy(z, np.array([0, 1, 2, 1])),
-    lambda z: eo.mse_loss(z, eo.tensor(np.ones((4, 3), dtype=np.float16))),
-    lambda z: eo.binary_cross_entropy_with_logits(z, eo.tensor(np.ones((4, 3), dtype=np.float16))),
-])
+@pytest.mark.parametrize(
+    "loss",
+    [
+        lambda z: eo.cross_entropy(z, np.array([0, 1, 2, 1])),
+        lambda z: eo.mse_loss(z, eo.tensor(np.ones((4, 3), dtype=np.float16))),
+        lambda z: eo.binary_cross_entropy_with_logits(z, eo.tensor(np.ones((4, 3), dtype=np.float16))),
+    ],
+)
 def test_losses_run_in_float32_even_on_float16_inputs(loss):
     z = eo.tensor((f64(4, 3) * 8).astype(np.float16), requires_grad=True)
     out = loss(z)

@@ -1,6 +1,7 @@
 """Layer arguments are checked when the layer is built (ValueError naming the
 layer and the argument); a window that cannot fit the padded input is an
 EveryOShapeError naming the layer and the shapes when it is called."""
+
 import numpy as np
 import pytest
 
@@ -23,7 +24,10 @@ BAD_ARGUMENTS = [
     (lambda: eo.Conv1D(2, 2, 0), r"Conv1D: kernel_size must be positive"),
     (lambda: eo.Conv1D(2, 2, 3, padding="full"), r"Conv1D: padding must be one of \['valid', 'same', 'causal'\]"),
     (lambda: eo.Conv1D(2, 2, 3, padding=-2), r"Conv1D: padding must be >= 0"),
-    (lambda: eo.Conv2DTranspose(2, 2, 3, stride=2, output_padding=2), r"Conv2DTranspose: output_padding \(2, 2\) must be smaller"),
+    (
+        lambda: eo.Conv2DTranspose(2, 2, 3, stride=2, output_padding=2),
+        r"Conv2DTranspose: output_padding \(2, 2\) must be smaller",
+    ),
     (lambda: eo.Conv2DTranspose(2, 2, 3, stride=0), r"Conv2DTranspose: stride must be positive"),
     (lambda: eo.MaxPool2D(0), r"MaxPool2D: pool_size must be positive, got 0"),
     (lambda: eo.MaxPool2D(2, stride=0), r"MaxPool2D: stride must be positive, got 0"),
@@ -44,7 +48,10 @@ BAD_ARGUMENTS = [
     (lambda: eo.GroupNorm(0, 6), r"GroupNorm: num_groups must be positive"),
     (lambda: eo.UpSampling2D(0), r"UpSampling2D: size must be positive"),
     (lambda: eo.UpSampling2D(2, interpolation="cubic"), r"UpSampling2D: interpolation must be one of"),
-    (lambda: eo.UpSampling2D(2, align_corners=True), r"UpSampling2D: align_corners applies to interpolation='bilinear'"),
+    (
+        lambda: eo.UpSampling2D(2, align_corners=True),
+        r"UpSampling2D: align_corners applies to interpolation='bilinear'",
+    ),
     (lambda: eo.GELU(approximate="fast"), r"GELU: approximate must be one of \['none', 'tanh'\]"),
     (lambda: eo.LeakyReLU("steep"), r"LeakyReLU: negative_slope must be a real number"),
     (lambda: eo.Softplus(beta=0), r"Softplus: beta must be a positive number"),
@@ -59,13 +66,20 @@ def test_bad_argument_is_a_value_error_at_construction(make, message):
         make()
 
 
-@pytest.mark.parametrize("layer,shape,message", [
-    (lambda: eo.Conv2D(1, 1, 5), (1, 3, 3, 1), r"Conv2D\(1, 1, kernel_size=\(5, 5\).*window 5x5 .* padded input 3x3"),
-    (lambda: eo.Conv2D(1, 1, 3, dilation=3), (1, 6, 6, 1), r"window 7x7 \(kernel \(3, 3\), dilation \(3, 3\)\)"),
-    (lambda: eo.MaxPool2D(4), (2, 3, 8, 1), r"MaxPool2D\(pool_size=\(4, 4\).*input shape \(2, 3, 8, 1\)"),
-    (lambda: eo.AvgPool2D(4, padding=1), (1, 1, 1, 2), r"AvgPool2D.*padded input 3x3"),
-    (lambda: eo.Conv1D(1, 1, 4), (2, 3, 1), r"Conv1D.*window 1x4"),
-])
+@pytest.mark.parametrize(
+    "layer,shape,message",
+    [
+        (
+            lambda: eo.Conv2D(1, 1, 5),
+            (1, 3, 3, 1),
+            r"Conv2D\(1, 1, kernel_size=\(5, 5\).*window 5x5 .* padded input 3x3",
+        ),
+        (lambda: eo.Conv2D(1, 1, 3, dilation=3), (1, 6, 6, 1), r"window 7x7 \(kernel \(3, 3\), dilation \(3, 3\)\)"),
+        (lambda: eo.MaxPool2D(4), (2, 3, 8, 1), r"MaxPool2D\(pool_size=\(4, 4\).*input shape \(2, 3, 8, 1\)"),
+        (lambda: eo.AvgPool2D(4, padding=1), (1, 1, 1, 2), r"AvgPool2D.*padded input 3x3"),
+        (lambda: eo.Conv1D(1, 1, 4), (2, 3, 1), r"Conv1D.*window 1x4"),
+    ],
+)
 def test_window_larger_than_the_padded_input_is_a_shape_error(layer, shape, message):
     with pytest.raises(eo.EveryOShapeError, match=message):
         layer()(eo.ones(*shape))
@@ -94,13 +108,22 @@ def test_bad_arguments_leave_nothing_half_built():
     np.testing.assert_array_equal(a.weight.data, b.weight.data)
 
 
-@pytest.mark.parametrize("make,message", [
-    (lambda: eo.TransformerEncoderLayer(8, 3), r"TransformerEncoderLayer: num_heads=3 must divide d_model=8"),
-    (lambda: eo.TransformerEncoderLayer(8, 2, dim_feedforward=0), r"TransformerEncoderLayer: dim_feedforward must be positive"),
-    (lambda: eo.TransformerDecoderLayer(8, 2, dropout=1.0), r"TransformerDecoderLayer: dropout must be in \[0, 1\)"),
-    (lambda: eo.TransformerEncoderLayer(8, 2, layer_norm_eps=0.0), r"layer_norm_eps must be a positive number"),
-    (lambda: eo.TransformerEncoder(0, 8, 2), r"TransformerEncoder: num_layers must be positive"),
-])
+@pytest.mark.parametrize(
+    "make,message",
+    [
+        (lambda: eo.TransformerEncoderLayer(8, 3), r"TransformerEncoderLayer: num_heads=3 must divide d_model=8"),
+        (
+            lambda: eo.TransformerEncoderLayer(8, 2, dim_feedforward=0),
+            r"TransformerEncoderLayer: dim_feedforward must be positive",
+        ),
+        (
+            lambda: eo.TransformerDecoderLayer(8, 2, dropout=1.0),
+            r"TransformerDecoderLayer: dropout must be in \[0, 1\)",
+        ),
+        (lambda: eo.TransformerEncoderLayer(8, 2, layer_norm_eps=0.0), r"layer_norm_eps must be a positive number"),
+        (lambda: eo.TransformerEncoder(0, 8, 2), r"TransformerEncoder: num_layers must be positive"),
+    ],
+)
 def test_transformer_arguments(make, message):
     with pytest.raises(ValueError, match=message):
         make()

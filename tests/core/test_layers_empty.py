@@ -1,6 +1,7 @@
 """A batch of 0 rows (an empty data-parallel shard) goes through every layer:
 empty output of the right shape, in train and eval mode, no warning, and
 backward gives zero parameter gradients of the right shapes."""
+
 import warnings
 
 import numpy as np
@@ -12,8 +13,12 @@ LAYERS = [  # (name, factory, per-sample input shape, per-sample output shape)
     ("Linear", lambda: eo.Linear(4, 3, seed=0), (4,), (3,)),
     ("Conv1D", lambda: eo.Conv1D(2, 3, 3, padding="causal", seed=0), (6, 2), (6, 3)),
     ("Conv2D", lambda: eo.Conv2D(2, 3, 3, seed=0), (5, 5, 2), (3, 3, 3)),
-    ("Conv2D_groups_dilation", lambda: eo.Conv2D(4, 4, 3, padding="same", dilation=2, groups=4, seed=0),
-     (5, 5, 4), (5, 5, 4)),
+    (
+        "Conv2D_groups_dilation",
+        lambda: eo.Conv2D(4, 4, 3, padding="same", dilation=2, groups=4, seed=0),
+        (5, 5, 4),
+        (5, 5, 4),
+    ),
     ("Conv2DTranspose", lambda: eo.Conv2DTranspose(2, 3, 3, stride=2, padding="same", seed=0), (3, 3, 2), (6, 6, 3)),
     ("MaxPool2D", lambda: eo.MaxPool2D(2), (4, 4, 2), (2, 2, 2)),
     ("AvgPool2D", lambda: eo.AvgPool2D(3, stride=2, padding="same"), (5, 5, 2), (3, 3, 2)),
@@ -44,10 +49,24 @@ LAYERS = [  # (name, factory, per-sample input shape, per-sample output shape)
     ("LSTM", lambda: eo.LSTM(3, 4, bidirectional=True, seed=0), (5, 3), (5, 8)),
     ("GRU", lambda: eo.GRU(3, 4, num_layers=2, seed=0), (5, 3), (5, 4)),
     ("MultiHeadAttention", lambda: eo.MultiHeadAttention(8, 2, seed=0), (5, 8), (5, 8)),
-    ("TransformerEncoderLayer", lambda: eo.TransformerEncoderLayer(8, 2, dim_feedforward=16, activation="gelu", seed=0),
-     (5, 8), (5, 8)),
-    ("Sequential_cnn", lambda: eo.Sequential(eo.Conv2D(1, 2, 3, padding="same", seed=0), eo.ReLU(), eo.MaxPool2D(2),
-                                             eo.Flatten(), eo.Linear(8, 3, seed=1)), (4, 4, 1), (3,)),
+    (
+        "TransformerEncoderLayer",
+        lambda: eo.TransformerEncoderLayer(8, 2, dim_feedforward=16, activation="gelu", seed=0),
+        (5, 8),
+        (5, 8),
+    ),
+    (
+        "Sequential_cnn",
+        lambda: eo.Sequential(
+            eo.Conv2D(1, 2, 3, padding="same", seed=0),
+            eo.ReLU(),
+            eo.MaxPool2D(2),
+            eo.Flatten(),
+            eo.Linear(8, 3, seed=1),
+        ),
+        (4, 4, 1),
+        (3,),
+    ),
 ]
 
 
@@ -87,8 +106,11 @@ def test_batchnorm_after_an_empty_batch_still_normalises():
 # --- losses over 0 elements: PyTorch's values, without a RuntimeWarning ---------------------
 EMPTY_LOSSES = [
     ("mse_loss", lambda p: eo.mse_loss(p, eo.tensor(np.zeros((0, 3), np.float32))), (0, 3)),
-    ("binary_cross_entropy_with_logits",
-     lambda p: eo.binary_cross_entropy_with_logits(p, eo.tensor(np.zeros((0, 3), np.float32))), (0, 3)),
+    (
+        "binary_cross_entropy_with_logits",
+        lambda p: eo.binary_cross_entropy_with_logits(p, eo.tensor(np.zeros((0, 3), np.float32))),
+        (0, 3),
+    ),
     ("cross_entropy", lambda p: eo.cross_entropy(p, np.zeros(0, dtype=np.int64)), (0, 5)),
 ]
 
@@ -102,8 +124,11 @@ def test_mean_loss_over_nothing_is_nan_quietly_and_sum_is_zero(name, loss, shape
         assert np.isnan(value.item())  # PyTorch: the mean of no elements is nan
         value.backward()
     assert pred.grad.shape == shape
-    fn = {"mse_loss": eo.mse_loss, "binary_cross_entropy_with_logits": eo.binary_cross_entropy_with_logits,
-          "cross_entropy": eo.cross_entropy}[name]
+    fn = {
+        "mse_loss": eo.mse_loss,
+        "binary_cross_entropy_with_logits": eo.binary_cross_entropy_with_logits,
+        "cross_entropy": eo.cross_entropy,
+    }[name]
     target = np.zeros(0, dtype=np.int64) if name == "cross_entropy" else eo.tensor(np.zeros(shape, np.float32))
     assert fn(eo.tensor(np.zeros(shape, np.float32)), target, reduction="sum").item() == 0.0
 

@@ -1,5 +1,6 @@
 """The 0.2 layers: each forward against a plain loop / NumPy reference written
 from the definition, each gradient against finite differences."""
+
 import math
 
 import numpy as np
@@ -22,7 +23,7 @@ def conv2d_loop(x, w, b, stride, pads, dilation, groups):
     kh, kw, cg, o = w.shape
     (t, bt), (l, r) = pads
     xp = np.zeros((n, h + t + bt, wd + l + r, c))
-    xp[:, t:t + h, l:l + wd] = x
+    xp[:, t : t + h, l : l + wd] = x
     sh, sw = stride
     dh, dw = dilation
     oh = (xp.shape[1] - dh * (kh - 1) - 1) // sh + 1
@@ -35,7 +36,7 @@ def conv2d_loop(x, w, b, stride, pads, dilation, groups):
                 g = q // og
                 for a in range(kh):
                     for bb in range(kw):
-                        pix = xp[:, i * sh + a * dh, j * sw + bb * dw, g * cg:(g + 1) * cg]
+                        pix = xp[:, i * sh + a * dh, j * sw + bb * dw, g * cg : (g + 1) * cg]
                         out[:, i, j, q] += pix @ w[a, bb, :, q]
     return out + (0 if b is None else b)
 
@@ -55,7 +56,7 @@ def conv_transpose_loop(x, w, b, stride, crops, extra, dilation):
                     out[:, i * sh + a * dh, j * sw + bb * dw, :] += x[:, i, j, :] @ w[a, bb]
     oh = (h - 1) * sh + dh * (kh - 1) + 1 - crops[0][0] - crops[0][1] + extra[0]
     ow = (wd - 1) * sw + dw * (kw - 1) + 1 - crops[1][0] - crops[1][1] + extra[1]
-    out = out[:, crops[0][0]:crops[0][0] + oh, crops[1][0]:crops[1][0] + ow]
+    out = out[:, crops[0][0] : crops[0][0] + oh, crops[1][0] : crops[1][0] + ow]
     return out + (0 if b is None else b)
 
 
@@ -77,8 +78,9 @@ def bilinear_loop(x, sh, sw, align_corners):
             z = source(q, w, sw)
             z0 = min(int(math.floor(z)), w - 1)
             z1, fz = min(z0 + 1, w - 1), z - z0
-            out[:, p, q] = ((1 - fy) * ((1 - fz) * x[:, y0, z0] + fz * x[:, y0, z1])
-                            + fy * ((1 - fz) * x[:, y1, z0] + fz * x[:, y1, z1]))
+            out[:, p, q] = (1 - fy) * ((1 - fz) * x[:, y0, z0] + fz * x[:, y0, z1]) + fy * (
+                (1 - fz) * x[:, y1, z0] + fz * x[:, y1, z1]
+            )
     return out
 
 
@@ -89,16 +91,22 @@ def _erf_loop(x):
 
 ACTIVATION_REFERENCES = [
     ("GELU", lambda: eo.GELU(), lambda x: 0.5 * x * (1 + _erf_loop(x / math.sqrt(2)))),
-    ("GELU_tanh", lambda: eo.GELU(approximate="tanh"),
-     lambda x: 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3)))),
+    (
+        "GELU_tanh",
+        lambda: eo.GELU(approximate="tanh"),
+        lambda x: 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3))),
+    ),
     ("SiLU", lambda: eo.SiLU(), lambda x: x / (1 + np.exp(-x))),
     ("LeakyReLU", lambda: eo.LeakyReLU(), lambda x: np.where(x > 0, x, 0.01 * x)),
     ("LeakyReLU_0.2", lambda: eo.LeakyReLU(0.2), lambda x: np.where(x > 0, x, 0.2 * x)),
     ("ELU", lambda: eo.ELU(), lambda x: np.where(x > 0, x, np.exp(x) - 1)),
     ("ELU_2", lambda: eo.ELU(alpha=2.0), lambda x: np.where(x > 0, x, 2 * (np.exp(x) - 1))),
     ("Softplus", lambda: eo.Softplus(), lambda x: np.log(1 + np.exp(x))),
-    ("Softplus_beta2", lambda: eo.Softplus(beta=2.0, threshold=5.0),
-     lambda x: np.where(2 * x > 5, x, np.log(1 + np.exp(2 * x)) / 2)),
+    (
+        "Softplus_beta2",
+        lambda: eo.Softplus(beta=2.0, threshold=5.0),
+        lambda x: np.where(2 * x > 5, x, np.log(1 + np.exp(2 * x)) / 2),
+    ),
     ("Identity", lambda: eo.Identity(), lambda x: x),
 ]
 
@@ -136,7 +144,7 @@ def test_float16_activation_backward_is_float16():
     assert x.grad.dtype == np.float16
     x64 = x.data.astype(np.float64)
     cdf = 0.5 * (1 + _erf_loop(x64 / math.sqrt(2)))
-    np.testing.assert_allclose(x.grad, cdf + x64 * np.exp(-x64 ** 2 / 2) / math.sqrt(2 * math.pi), rtol=2e-3, atol=1e-3)
+    np.testing.assert_allclose(x.grad, cdf + x64 * np.exp(-(x64**2) / 2) / math.sqrt(2 * math.pi), rtol=2e-3, atol=1e-3)
 
 
 def test_softplus_and_elu_stay_finite_for_large_inputs():
@@ -159,15 +167,16 @@ CONV_CASES = [  # (h, w, cin, cout, k, stride, padding, dilation, groups)
     (7, 7, 2, 3, 3, 1, "valid", 2, 1),
     (9, 8, 2, 4, 3, 2, "same", 2, 1),
     (6, 6, 4, 6, 3, 1, "same", 1, 2),
-    (6, 7, 4, 4, 3, 2, "valid", 1, 4),   # depthwise
+    (6, 7, 4, 4, 3, 2, "valid", 1, 4),  # depthwise
     (6, 6, 3, 6, (3, 2), 1, ((1, 0), (2, 1)), (1, 2), 3),  # depthwise multiplier 2, explicit pads
 ]
 
 
 @pytest.mark.parametrize("h,w,cin,cout,k,stride,padding,dilation,groups", CONV_CASES)
 def test_conv2d_dilation_groups_match_loop(h, w, cin, cout, k, stride, padding, dilation, groups):
-    layer = eo.Conv2D(cin, cout, k, stride=stride, padding=padding, dilation=dilation, groups=groups,
-                      seed=0).to("float64")
+    layer = eo.Conv2D(cin, cout, k, stride=stride, padding=padding, dilation=dilation, groups=groups, seed=0).to(
+        "float64"
+    )
     x = f64(2, h, w, cin)
     kernel, st, dil = eo.padding._pair(k, "k"), eo.padding._pair(stride, "s"), eo.padding._pair(dilation, "d")
     span = tuple(d * (kk - 1) + 1 for kk, d in zip(kernel, dil))
@@ -187,15 +196,27 @@ def test_conv2d_groups_float16_is_float32_arithmetic_rounded_once():
     w = (f64(3, 3, 2, 6) * 0.3).astype(np.float16)
     b = f64(6).astype(np.float16)
     got = eo.conv2d(eo.tensor(x), eo.tensor(w), eo.tensor(b), padding="same", dilation=2, groups=2)
-    ref = eo.conv2d(eo.tensor(x.astype(np.float32)), eo.tensor(w.astype(np.float32)), eo.tensor(b.astype(np.float32)),
-                    padding="same", dilation=2, groups=2)
+    ref = eo.conv2d(
+        eo.tensor(x.astype(np.float32)),
+        eo.tensor(w.astype(np.float32)),
+        eo.tensor(b.astype(np.float32)),
+        padding="same",
+        dilation=2,
+        groups=2,
+    )
     assert got.dtype == "float16"
     np.testing.assert_array_equal(got.data, ref.data.astype(np.float16))
 
 
-@pytest.mark.parametrize("length,k,stride,padding,dilation,groups", [
-    (10, 3, 1, "valid", 1, 1), (11, 3, 2, "same", 1, 1), (9, 3, 1, "causal", 2, 1), (8, 2, 1, (2, 1), 1, 2),
-])
+@pytest.mark.parametrize(
+    "length,k,stride,padding,dilation,groups",
+    [
+        (10, 3, 1, "valid", 1, 1),
+        (11, 3, 2, "same", 1, 1),
+        (9, 3, 1, "causal", 2, 1),
+        (8, 2, 1, (2, 1), 1, 2),
+    ],
+)
 def test_conv1d_matches_loop(length, k, stride, padding, dilation, groups):
     layer = eo.Conv1D(4, 6, k, stride=stride, padding=padding, dilation=dilation, groups=groups, seed=0).to("float64")
     x = f64(2, length, 4)
@@ -218,7 +239,7 @@ def test_conv1d_matches_loop(length, k, stride, padding, dilation, groups):
         for q in range(6):
             g = q // og
             for a in range(k):
-                expected[:, t, q] += xp[:, t * stride + a * dilation, g * cg:(g + 1) * cg] @ w[a, :, q]
+                expected[:, t, q] += xp[:, t * stride + a * dilation, g * cg : (g + 1) * cg] @ w[a, :, q]
     expected += layer.bias.data
     got = layer(eo.tensor(x)).data
     np.testing.assert_allclose(got, expected, rtol=1e-10, atol=1e-12)
@@ -231,16 +252,26 @@ def test_conv1d_matches_loop(length, k, stride, padding, dilation, groups):
     check_module_gradients(layer, f64(1, length, 4), atol=1e-6, rtol=1e-5)
 
 
-@pytest.mark.parametrize("h,w,k,stride,padding,output_padding,dilation", [
-    (3, 4, 3, 1, "valid", 0, 1), (3, 3, 3, 2, "same", 0, 1), (4, 3, 2, 2, "same", 0, 1), (3, 3, 2, 3, "same", 0, 1),
-    (3, 4, 3, 2, 1, 1, 1), (3, 3, 3, 2, "valid", 0, 2), (2, 3, (3, 2), (2, 1), ((1, 0), (0, 1)), (1, 0), 1),
-])
+@pytest.mark.parametrize(
+    "h,w,k,stride,padding,output_padding,dilation",
+    [
+        (3, 4, 3, 1, "valid", 0, 1),
+        (3, 3, 3, 2, "same", 0, 1),
+        (4, 3, 2, 2, "same", 0, 1),
+        (3, 3, 2, 3, "same", 0, 1),
+        (3, 4, 3, 2, 1, 1, 1),
+        (3, 3, 3, 2, "valid", 0, 2),
+        (2, 3, (3, 2), (2, 1), ((1, 0), (0, 1)), (1, 0), 1),
+    ],
+)
 def test_conv_transpose2d_matches_scatter_loop(h, w, k, stride, padding, output_padding, dilation):
-    layer = eo.Conv2DTranspose(3, 2, k, stride=stride, padding=padding, output_padding=output_padding,
-                               dilation=dilation, seed=0).to("float64")
+    layer = eo.Conv2DTranspose(
+        3, 2, k, stride=stride, padding=padding, output_padding=output_padding, dilation=dilation, seed=0
+    ).to("float64")
     x = f64(2, h, w, 3)
     _, st, dil, crops, extra, _, out_hw = eo.conv_transpose.conv_transpose2d_geometry(
-        (h, w), layer.kernel_size, stride, padding, output_padding, dilation)
+        (h, w), layer.kernel_size, stride, padding, output_padding, dilation
+    )
     expected = conv_transpose_loop(x, layer.weight.data, layer.bias.data, st, crops, extra, dil)
     got = layer(eo.tensor(x)).data
     if padding == "same":
@@ -255,7 +286,9 @@ def test_conv_transpose2d_is_the_adjoint_of_conv2d():
     y = f64(2, 8, 8, 4)
     x = f64(2, 4, 4, 5)
     a = np.sum(eo.conv2d(eo.tensor(y), eo.tensor(wt), stride=2, padding="same").data * x)
-    b = np.sum(y * eo.conv_transpose2d(eo.tensor(x), eo.tensor(wt.transpose(0, 1, 3, 2)), stride=2, padding="same").data)
+    b = np.sum(
+        y * eo.conv_transpose2d(eo.tensor(x), eo.tensor(wt.transpose(0, 1, 3, 2)), stride=2, padding="same").data
+    )
     np.testing.assert_allclose(a, b, rtol=1e-12)
 
 
@@ -264,8 +297,13 @@ def test_conv_transpose2d_matches_torch_when_available():
     x = f64(2, 4, 5, 3)
     layer = eo.Conv2DTranspose(3, 2, 3, stride=2, padding=1, output_padding=1, dilation=1, seed=0).to("float64")
     ref = torch.nn.functional.conv_transpose2d(
-        torch.tensor(x.transpose(0, 3, 1, 2)), torch.tensor(layer.weight.data.transpose(2, 3, 0, 1).copy()),
-        torch.tensor(layer.bias.data), stride=2, padding=1, output_padding=1)
+        torch.tensor(x.transpose(0, 3, 1, 2)),
+        torch.tensor(layer.weight.data.transpose(2, 3, 0, 1).copy()),
+        torch.tensor(layer.bias.data),
+        stride=2,
+        padding=1,
+        output_padding=1,
+    )
     np.testing.assert_allclose(layer(eo.tensor(x)).data, ref.numpy().transpose(0, 2, 3, 1), rtol=1e-10, atol=1e-12)
 
 
@@ -293,7 +331,9 @@ def test_upsampling_bilinear_matches_loop_and_gradients(size, align_corners):
     x = f64(2, 3, 4, 2)
     sh, sw = (size, size) if isinstance(size, int) else size
     layer = eo.UpSampling2D(size, interpolation="bilinear", align_corners=align_corners)
-    np.testing.assert_allclose(layer(eo.tensor(x)).data, bilinear_loop(x, sh, sw, align_corners), rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(
+        layer(eo.tensor(x)).data, bilinear_loop(x, sh, sw, align_corners), rtol=1e-12, atol=1e-14
+    )
     check_module_gradients(layer, x)
 
 
@@ -301,8 +341,13 @@ def test_upsampling_bilinear_matches_loop_and_gradients(size, align_corners):
 def test_upsampling_bilinear_matches_torch_when_available(align_corners):
     torch = pytest.importorskip("torch")
     x = f64(2, 5, 3, 4)
-    ref = torch.nn.functional.interpolate(torch.tensor(x.transpose(0, 3, 1, 2)), scale_factor=(2, 3), mode="bilinear",
-                                          align_corners=align_corners).numpy().transpose(0, 2, 3, 1)
+    ref = (
+        torch.nn.functional.interpolate(
+            torch.tensor(x.transpose(0, 3, 1, 2)), scale_factor=(2, 3), mode="bilinear", align_corners=align_corners
+        )
+        .numpy()
+        .transpose(0, 2, 3, 1)
+    )
     got = eo.UpSampling2D((2, 3), interpolation="bilinear", align_corners=align_corners)(eo.tensor(x)).data
     np.testing.assert_allclose(got, ref, rtol=1e-12, atol=1e-14)
 
@@ -318,8 +363,8 @@ def test_groupnorm_matches_reference(shape, groups):
     cg = c // groups
     for i in range(shape[0]):
         for g in range(groups):
-            block = x[i, ..., g * cg:(g + 1) * cg]
-            expected[i, ..., g * cg:(g + 1) * cg] = (block - block.mean()) / np.sqrt(block.var() + 1e-5)
+            block = x[i, ..., g * cg : (g + 1) * cg]
+            expected[i, ..., g * cg : (g + 1) * cg] = (block - block.mean()) / np.sqrt(block.var() + 1e-5)
     expected = expected * gn.weight.data + gn.bias.data
     np.testing.assert_allclose(gn(eo.tensor(x)).data, expected, rtol=1e-10, atol=1e-12)
     check_module_gradients(gn, f64(*shape), atol=1e-6, rtol=1e-5)
@@ -332,8 +377,10 @@ def test_groupnorm_matches_torch_when_available():
     np.testing.assert_allclose(eo.GroupNorm(3, 6).to("float64")(eo.tensor(x)).data, ref, rtol=1e-10, atol=1e-12)
 
 
-@pytest.mark.parametrize("start_axis,shape,expected", [(1, (2, 3, 4), (2, 12)), (2, (2, 3, 4, 5), (2, 3, 20)),
-                                                       (-2, (2, 3, 4, 5), (2, 3, 20)), (0, (2, 3), (6,))])
+@pytest.mark.parametrize(
+    "start_axis,shape,expected",
+    [(1, (2, 3, 4), (2, 12)), (2, (2, 3, 4, 5), (2, 3, 20)), (-2, (2, 3, 4, 5), (2, 3, 20)), (0, (2, 3), (6,))],
+)
 def test_flatten_start_axis(start_axis, shape, expected):
     x = f64(*shape)
     np.testing.assert_array_equal(eo.Flatten(start_axis=start_axis)(eo.tensor(x)).data, x.reshape(expected))
@@ -346,16 +393,25 @@ def test_flatten_start_axis_out_of_range_is_a_shape_error():
 
 def test_functional_ops_gradients():
     w = f64(3, 3, 2, 4) * 0.5
-    check_gradients(lambda x, k: eo.conv2d(x, k, stride=2, padding="same", dilation=(2, 1), groups=2),
-                    [f64(1, 6, 5, 4), w], name="conv2d_grouped")
-    check_gradients(lambda x, k: eo.conv1d(x, k, padding="causal", dilation=2), [f64(2, 7, 2), f64(3, 2, 3)],
-                    name="conv1d")
-    check_gradients(lambda x, k: eo.conv_transpose2d(x, k, stride=2, padding="same"), [f64(1, 3, 3, 2), f64(3, 3, 2, 3)],
-                    name="conv_transpose2d")
+    check_gradients(
+        lambda x, k: eo.conv2d(x, k, stride=2, padding="same", dilation=(2, 1), groups=2),
+        [f64(1, 6, 5, 4), w],
+        name="conv2d_grouped",
+    )
+    check_gradients(
+        lambda x, k: eo.conv1d(x, k, padding="causal", dilation=2), [f64(2, 7, 2), f64(3, 2, 3)], name="conv1d"
+    )
+    check_gradients(
+        lambda x, k: eo.conv_transpose2d(x, k, stride=2, padding="same"),
+        [f64(1, 3, 3, 2), f64(3, 3, 2, 3)],
+        name="conv_transpose2d",
+    )
 
 
-@pytest.mark.parametrize("k,stride,padding", [(2, 2, "valid"), (3, 3, "valid"), (2, 3, "valid"), (3, 2, "same"),
-                                              (2, 1, "valid"), (3, 3, "same")])
+@pytest.mark.parametrize(
+    "k,stride,padding",
+    [(2, 2, "valid"), (3, 3, "valid"), (2, 3, "valid"), (3, 2, "same"), (2, 1, "valid"), (3, 3, "same")],
+)
 @pytest.mark.parametrize("dtype", [np.float64, np.float16])
 def test_max_pool_gradient_goes_to_the_first_maximum_of_each_window(k, stride, padding, dtype):
     # Small integers give many ties (as after a ReLU); the loop hands each
@@ -389,7 +445,9 @@ def test_new_ops_are_in_the_op_table():
             fn = getattr(module, name)
             if name.endswith("_geometry") or name == "interpolation_matrix":
                 continue  # helpers on plain numbers, not ops on Tensors
-            assert getattr(fn, "op", None) is dispatch.OPS[name], f"{module.__name__}.{name} is not a registered primitive"
+            assert getattr(fn, "op", None) is dispatch.OPS[name], (
+                f"{module.__name__}.{name} is not a registered primitive"
+            )
     kinds = {n: dispatch.OPS[n].kind for n in ("gelu", "conv1d", "conv_transpose2d", "upsample2d")}
     assert kinds == {"gelu": "elementwise", "conv1d": "conv", "conv_transpose2d": "conv", "upsample2d": "resize"}
     assert dispatch.OPS["conv_transpose2d"].category == dispatch.LOW_PRECISION
@@ -409,9 +467,13 @@ class _Recorder:
 def test_tracing_records_the_new_layers_with_resolved_geometry():
     from everyo import dispatch
 
-    model = eo.Sequential(eo.Conv2D(4, 4, 3, padding="same", dilation=2, groups=2, seed=0), eo.GELU(approximate="tanh"),
-                          eo.UpSampling2D(2, interpolation="bilinear"),
-                          eo.Conv2DTranspose(4, 2, 3, stride=2, padding="same", seed=1), eo.GlobalAveragePooling2D())
+    model = eo.Sequential(
+        eo.Conv2D(4, 4, 3, padding="same", dilation=2, groups=2, seed=0),
+        eo.GELU(approximate="tanh"),
+        eo.UpSampling2D(2, interpolation="bilinear"),
+        eo.Conv2DTranspose(4, 2, 3, stride=2, padding="same", seed=1),
+        eo.GlobalAveragePooling2D(),
+    )
     x = eo.tensor(f64(1, 5, 5, 4).astype(np.float32))
     expected = model(x).data
     rec = _Recorder()
@@ -439,12 +501,16 @@ def test_tracing_records_the_new_layers_with_resolved_geometry():
     assert [r[0] for r in rec.records] == ["conv1d"] and rec.records[0][3]["pads"] == (4, 0)
 
 
-@pytest.mark.parametrize("op", [
-    lambda x, w: eo.conv_transpose2d(x, w, stride=2, padding="same"),
-    lambda x, w: eo.conv2d(x, w, padding="same", dilation=2),
-    lambda x, w: eo.conv1d(eo.reshape(x, (2, 24, 3)), eo.reshape(w[:1], (3, 3, 3)), padding="causal"),
-    lambda x, w: eo.upsample2d(x, 2, "bilinear"),
-], ids=["conv_transpose2d", "conv2d_dilated", "conv1d", "upsample_bilinear"])
+@pytest.mark.parametrize(
+    "op",
+    [
+        lambda x, w: eo.conv_transpose2d(x, w, stride=2, padding="same"),
+        lambda x, w: eo.conv2d(x, w, padding="same", dilation=2),
+        lambda x, w: eo.conv1d(eo.reshape(x, (2, 24, 3)), eo.reshape(w[:1], (3, 3, 3)), padding="causal"),
+        lambda x, w: eo.upsample2d(x, 2, "bilinear"),
+    ],
+    ids=["conv_transpose2d", "conv2d_dilated", "conv1d", "upsample_bilinear"],
+)
 def test_float16_paths_are_float32_arithmetic_rounded_once(op):
     x = f64(2, 4, 6, 3).astype(np.float16)
     w = (f64(3, 3, 3, 3) * 0.3).astype(np.float16)

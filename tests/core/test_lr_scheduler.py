@@ -1,4 +1,5 @@
 """Learning-rate schedules against their closed forms, written out here independently."""
+
 import math
 
 import numpy as np
@@ -34,12 +35,16 @@ def _cosine(base, eta_min, e, t_max):
 
 CLOSED_FORMS = {
     "step": (lambda o: sched.StepLR(o, step_size=7, gamma=0.5), lambda b, e: b * 0.5 ** (e // 7)),
-    "multistep": (lambda o: sched.MultiStepLR(o, milestones=[10, 30, 30, 75], gamma=0.3),
-                  lambda b, e: b * 0.3 ** sum(m <= e for m in (10, 30, 30, 75))),
-    "exponential": (lambda o: sched.ExponentialLR(o, gamma=0.97), lambda b, e: b * 0.97 ** e),
+    "multistep": (
+        lambda o: sched.MultiStepLR(o, milestones=[10, 30, 30, 75], gamma=0.3),
+        lambda b, e: b * 0.3 ** sum(m <= e for m in (10, 30, 30, 75)),
+    ),
+    "exponential": (lambda o: sched.ExponentialLR(o, gamma=0.97), lambda b, e: b * 0.97**e),
     "cosine": (lambda o: sched.CosineAnnealingLR(o, T_max=50, eta_min=1e-3), lambda b, e: _cosine(b, 1e-3, e, 50)),
-    "linear": (lambda o: sched.LinearLR(o, start_factor=0.05, end_factor=0.9, total_iters=40),
-               lambda b, e: b * (0.05 + (0.9 - 0.05) * min(e, 40) / 40)),
+    "linear": (
+        lambda o: sched.LinearLR(o, start_factor=0.05, end_factor=0.9, total_iters=40),
+        lambda b, e: b * (0.05 + (0.9 - 0.05) * min(e, 40) / 40),
+    ),
 }
 
 
@@ -97,8 +102,16 @@ def _one_cycle(max_lr, total, pct, div, final_div, three_phase, strategy, step, 
 def test_one_cycle_matches_closed_form(three_phase, strategy):
     total = 100
     opt = _opt(momentum=0.9)
-    scheduler = sched.OneCycleLR(opt, max_lr=[1.0, 0.4], total_steps=total, pct_start=0.25, div_factor=20.0,
-                                 final_div_factor=100.0, three_phase=three_phase, anneal_strategy=strategy)
+    scheduler = sched.OneCycleLR(
+        opt,
+        max_lr=[1.0, 0.4],
+        total_steps=total,
+        pct_start=0.25,
+        div_factor=20.0,
+        final_div_factor=100.0,
+        three_phase=three_phase,
+        anneal_strategy=strategy,
+    )
     momenta = [[g["momentum"] for g in opt.param_groups]]
     lrs = [[g["lr"] for g in opt.param_groups]]
     for _ in range(total - 1):
@@ -106,8 +119,9 @@ def test_one_cycle_matches_closed_form(three_phase, strategy):
         scheduler.step()
         lrs.append([g["lr"] for g in opt.param_groups])
         momenta.append([g["momentum"] for g in opt.param_groups])
-    want = [[_one_cycle(m, total, 0.25, 20.0, 100.0, three_phase, strategy, s) for m in (1.0, 0.4)]
-            for s in range(total)]
+    want = [
+        [_one_cycle(m, total, 0.25, 20.0, 100.0, three_phase, strategy, s) for m in (1.0, 0.4)] for s in range(total)
+    ]
     np.testing.assert_allclose(lrs, [[w[0] for w in row] for row in want], rtol=1e-12)
     np.testing.assert_allclose(momenta, [[w[1] for w in row] for row in want], rtol=1e-12)
     # The landmarks, without the formula: start, peak, end.
@@ -161,8 +175,9 @@ def test_reduce_on_plateau_max_mode_and_absolute_threshold():
 RESUMABLE = {
     **{name: make for name, (make, _) in CLOSED_FORMS.items()},
     "onecycle": lambda o: sched.OneCycleLR(o, max_lr=0.5, total_steps=200, three_phase=True),
-    "sequential": lambda o: sched.SequentialLR(o, [sched.LinearLR(o, 0.2, total_iters=10),
-                                                   sched.StepLR(o, step_size=5, gamma=0.7)], milestones=[10]),
+    "sequential": lambda o: sched.SequentialLR(
+        o, [sched.LinearLR(o, 0.2, total_iters=10), sched.StepLR(o, step_size=5, gamma=0.7)], milestones=[10]
+    ),
 }
 
 
@@ -202,24 +217,42 @@ def test_reduce_on_plateau_resumes(tmp_path):
         assert scheduler.get_last_lr() == scheduler2.get_last_lr()
 
 
-@pytest.mark.parametrize("make,exc,match", [
-    (lambda o: sched.StepLR(o, step_size=0), ValueError, r"StepLR: step_size in the arguments must be an int >= 1"),
-    (lambda o: sched.StepLR(o, step_size=2.5), TypeError, r"step_size .* must be an int"),
-    (lambda o: sched.ExponentialLR(o, gamma="x"), TypeError, r"ExponentialLR: gamma .* real number"),
-    (lambda o: sched.MultiStepLR(o, milestones=[5, 3]), ValueError, r"milestones .* increasing order"),
-    (lambda o: sched.CosineAnnealingLR(o, T_max=10, eta_min=-1.0), ValueError, r"eta_min"),
-    (lambda o: sched.LinearLR(o, total_iters=0), ValueError, r"total_iters"),
-    (lambda o: sched.OneCycleLR(o, max_lr=[0.1]), ValueError, r"total_steps, or epochs and steps_per_epoch"),
-    (lambda o: sched.OneCycleLR(o, max_lr=[0.1], total_steps=10), ValueError, r"max_lr .* one value per param group \(2\)"),
-    (lambda o: sched.OneCycleLR(o, max_lr=0.1, total_steps=10, anneal_strategy="cosine"), ValueError, r"'cos', 'linear'"),
-    (lambda o: sched.ReduceLROnPlateau(o, factor=1.0), ValueError, r"factor .* \[0, 1\)"),
-    (lambda o: sched.ReduceLROnPlateau(o, mode="lowest"), ValueError, r"mode"),
-    (lambda o: sched.SequentialLR(o, [sched.StepLR(o, 3)], milestones=[4]), ValueError, r"1 schedulers need 0 milestones"),
-    (lambda o: sched.SequentialLR(o, [sched.ReduceLROnPlateau(o), sched.StepLR(o, 3)], [4]), TypeError,
-     r"schedulers\[0\] is a ReduceLROnPlateau"),
-    (lambda o: sched.StepLR(o, 3, last_epoch=4), KeyError, r"no 'initial_lr'"),
-    (lambda o: sched.StepLR([1, 2], 3), TypeError, r"needs an optimizer with param_groups"),
-])
+@pytest.mark.parametrize(
+    "make,exc,match",
+    [
+        (lambda o: sched.StepLR(o, step_size=0), ValueError, r"StepLR: step_size in the arguments must be an int >= 1"),
+        (lambda o: sched.StepLR(o, step_size=2.5), TypeError, r"step_size .* must be an int"),
+        (lambda o: sched.ExponentialLR(o, gamma="x"), TypeError, r"ExponentialLR: gamma .* real number"),
+        (lambda o: sched.MultiStepLR(o, milestones=[5, 3]), ValueError, r"milestones .* increasing order"),
+        (lambda o: sched.CosineAnnealingLR(o, T_max=10, eta_min=-1.0), ValueError, r"eta_min"),
+        (lambda o: sched.LinearLR(o, total_iters=0), ValueError, r"total_iters"),
+        (lambda o: sched.OneCycleLR(o, max_lr=[0.1]), ValueError, r"total_steps, or epochs and steps_per_epoch"),
+        (
+            lambda o: sched.OneCycleLR(o, max_lr=[0.1], total_steps=10),
+            ValueError,
+            r"max_lr .* one value per param group \(2\)",
+        ),
+        (
+            lambda o: sched.OneCycleLR(o, max_lr=0.1, total_steps=10, anneal_strategy="cosine"),
+            ValueError,
+            r"'cos', 'linear'",
+        ),
+        (lambda o: sched.ReduceLROnPlateau(o, factor=1.0), ValueError, r"factor .* \[0, 1\)"),
+        (lambda o: sched.ReduceLROnPlateau(o, mode="lowest"), ValueError, r"mode"),
+        (
+            lambda o: sched.SequentialLR(o, [sched.StepLR(o, 3)], milestones=[4]),
+            ValueError,
+            r"1 schedulers need 0 milestones",
+        ),
+        (
+            lambda o: sched.SequentialLR(o, [sched.ReduceLROnPlateau(o), sched.StepLR(o, 3)], [4]),
+            TypeError,
+            r"schedulers\[0\] is a ReduceLROnPlateau",
+        ),
+        (lambda o: sched.StepLR(o, 3, last_epoch=4), KeyError, r"no 'initial_lr'"),
+        (lambda o: sched.StepLR([1, 2], 3), TypeError, r"needs an optimizer with param_groups"),
+    ],
+)
 def test_bad_arguments_are_refused(make, exc, match):
     with pytest.raises(exc, match=match):
         make(_opt(momentum=0.9))

@@ -1,5 +1,6 @@
 """Module API: hooks, traversal, registration, zero_grad, ModuleList/ModuleDict,
 and the dtype rule at the layer boundary."""
+
 import numpy as np
 import pytest
 
@@ -120,8 +121,14 @@ class Stack(eo.Module):
 def test_module_list_and_dict_register_their_modules_with_pytorch_keys():
     model = Stack(2)
     assert list(model.state_dict()) == [
-        "layers.0.weight", "layers.0.bias", "layers.1.weight", "layers.1.bias",
-        "heads.a.weight", "heads.a.bias", "heads.b.weight", "heads.b.bias",
+        "layers.0.weight",
+        "layers.0.bias",
+        "layers.1.weight",
+        "layers.1.bias",
+        "heads.a.weight",
+        "heads.a.bias",
+        "heads.b.weight",
+        "heads.b.bias",
     ]
     x = X
     for i in range(2):
@@ -176,9 +183,14 @@ def test_module_dict_behaves_like_a_dict():
     assert len(heads) == 0 and heads.state_dict() == {}
 
 
-@pytest.mark.parametrize("value, container", [
-    ([eo.ReLU(), eo.Linear(2, 2)], "ModuleList"), ((eo.ReLU(),), "ModuleList"), ({"a": eo.ReLU()}, "ModuleDict"),
-])
+@pytest.mark.parametrize(
+    "value, container",
+    [
+        ([eo.ReLU(), eo.Linear(2, 2)], "ModuleList"),
+        ((eo.ReLU(),), "ModuleList"),
+        ({"a": eo.ReLU()}, "ModuleDict"),
+    ],
+)
 def test_a_plain_container_of_modules_is_refused_naming_the_right_one(value, container):
     m = eo.Module()
     with pytest.raises(TypeError, match=f"eo.{container}"):

@@ -6,6 +6,7 @@ assertions: a stray add-on fails the cell instead of skipping it. Run by hand
 with add-ons on the path (and no EVERYO_TEST_CELL), the absence checks skip with
 a reason and the rest still runs.
 """
+
 import importlib.metadata
 import importlib.util
 import json
@@ -117,9 +118,7 @@ def import_footprint():
 
 
 def test_importing_everyo_imports_no_addon_and_no_onnx(import_footprint):
-    loaded = sorted(
-        m for m in import_footprint if any(m == f or m.startswith(f + ".") for f in FORBIDDEN_AT_IMPORT)
-    )
+    loaded = sorted(m for m in import_footprint if any(m == f or m.startswith(f + ".") for f in FORBIDDEN_AT_IMPORT))
     assert not loaded, (
         f"import everyo pulled in {sorted({m.split('.')[0] for m in loaded} | {m for m in loaded if m.startswith('everyo.')})}"
         f" ({len(loaded)} modules); add-ons and their dependencies must load lazily (PEP 562)"

@@ -1,5 +1,6 @@
 """Every differentiable op against central finite differences (float64),
 through the one shared checker."""
+
 import numpy as np
 import pytest
 
@@ -25,10 +26,10 @@ CASES = [
     ("div", lambda a, b: a / b, [r(2, 3), r(2, 3, positive=True)]),
     ("rdiv_scalar", lambda a: 1.0 / a, [r(4, positive=True)]),
     ("neg", lambda a: -a, [r(5)]),
-    ("pow_scalar", lambda a: a ** 3, [r(4)]),
-    ("pow_square", lambda a: a ** 2, [r(4)]),
-    ("pow_fractional", lambda a: a ** 1.5, [r(4, positive=True)]),
-    ("pow_tensor", lambda a, b: a ** b, [r(4, positive=True), r(4)]),
+    ("pow_scalar", lambda a: a**3, [r(4)]),
+    ("pow_square", lambda a: a**2, [r(4)]),
+    ("pow_fractional", lambda a: a**1.5, [r(4, positive=True)]),
+    ("pow_tensor", lambda a, b: a**b, [r(4, positive=True), r(4)]),
     ("matmul_2d", lambda a, b: a @ b, [r(3, 4), r(4, 2)]),
     ("matmul_batched_broadcast", lambda a, b: a @ b, [r(2, 3, 4), r(4, 5)]),
     ("matmul_vec_left", lambda a, b: a @ b, [r(4), r(4, 3)]),
@@ -69,8 +70,11 @@ CASES = [
     ("stack", lambda a, b: eo.stack([a, b], axis=1), [r(2, 3), r(2, 3)]),
     ("where", lambda a, b: eo.where(np.array([[True, False, True]]), a, b), [r(2, 3), r(3)]),
     ("conv2d_valid", lambda x, w, b: eo.conv2d(x, w, b), [r(2, 5, 5, 2), r(3, 3, 2, 3), r(3)]),
-    ("conv2d_same_stride2_odd", lambda x, w, b: eo.conv2d(x, w, b, stride=2, padding="same"),
-     [r(1, 7, 5, 2), r(3, 2, 2, 2), r(2)]),
+    (
+        "conv2d_same_stride2_odd",
+        lambda x, w, b: eo.conv2d(x, w, b, stride=2, padding="same"),
+        [r(1, 7, 5, 2), r(3, 2, 2, 2), r(2)],
+    ),
     ("conv2d_same_k5", lambda x, w: eo.conv2d(x, w, None, stride=1, padding="same"), [r(1, 5, 5, 1), r(5, 5, 1, 2)]),
     ("max_pool2d", lambda x: eo.max_pool2d(x, 2), [r(2, 4, 6, 2)]),
     ("max_pool2d_same_stride", lambda x: eo.max_pool2d(x, 3, stride=2, padding="same"), [r(1, 5, 5, 2)]),
@@ -80,8 +84,7 @@ CASES = [
     ("mse_loss_sum", lambda p: eo.mse_loss(p, eo.tensor(np.ones((4, 2))), reduction="sum"), [r(4, 2)]),
     ("cross_entropy", lambda z: eo.cross_entropy(z, np.array([0, 2, 1, 2])), [r(4, 3)]),
     ("cross_entropy_seq", lambda z: eo.cross_entropy(z, np.array([[0, 1], [2, 2]])), [r(2, 2, 3)]),
-    ("bce_with_logits", lambda z, y: eo.binary_cross_entropy_with_logits(z, y),
-     [r(5) * 3, rng.uniform(0, 1, 5)]),
+    ("bce_with_logits", lambda z, y: eo.binary_cross_entropy_with_logits(z, y), [r(5) * 3, rng.uniform(0, 1, 5)]),
 ]
 
 
@@ -92,8 +95,9 @@ def test_gradient_matches_finite_differences(name, fn, inputs):
 
 def test_astype_gradient_comes_back_in_the_operand_dtype():
     # Through float32, eps must be well above float32 resolution.
-    (g,) = check_gradients(lambda a: a.astype("float32").astype("float64") * 3.0, [r(3)],
-                           eps=1e-2, atol=1e-4, name="astype")
+    (g,) = check_gradients(
+        lambda a: a.astype("float32").astype("float64") * 3.0, [r(3)], eps=1e-2, atol=1e-4, name="astype"
+    )
     x = eo.tensor(r(3), requires_grad=True)
     x.astype("float16").sum().backward()
     assert x.grad.dtype == np.float64 and np.all(x.grad == 1)
@@ -111,7 +115,7 @@ def test_the_checker_catches_a_wrong_gradient():
     from everyo.tensor import Tensor
 
     def bad_square(a):
-        return Tensor._from_op(a.data ** 2, (a,), lambda g: (g * a.data,))  # missing factor 2
+        return Tensor._from_op(a.data**2, (a,), lambda g: (g * a.data,))  # missing factor 2
 
     with pytest.raises(AssertionError, match="disagrees with central differences"):
         check_gradients(bad_square, [r(3)], name="bad_square")

@@ -1,6 +1,7 @@
 """The op table (everyo.dispatch): every primitive is registered, the
 precision policy is applied by the table, and a tracer sees each outermost
 primitive call with enough detail to recompute the model from the record."""
+
 import inspect
 import operator
 import threading
@@ -10,14 +11,38 @@ import numpy as np
 import pytest
 
 import everyo as eo
-from everyo import (comparisons, conv, dispatch, elementwise, functional, indexing, losses, recurrent_ops,
-                    reductions, sequence_ops, shape_ops, sorting)
+from everyo import (
+    comparisons,
+    conv,
+    dispatch,
+    elementwise,
+    functional,
+    indexing,
+    losses,
+    recurrent_ops,
+    reductions,
+    sequence_ops,
+    shape_ops,
+    sorting,
+)
 from everyo import contraction
 from everyo import functional as F
 from everyo.tensor import Tensor
 
-OP_MODULES = (functional, conv, losses, sequence_ops, recurrent_ops, comparisons, reductions, sorting, elementwise,
-              shape_ops, indexing, contraction)
+OP_MODULES = (
+    functional,
+    conv,
+    losses,
+    sequence_ops,
+    recurrent_ops,
+    comparisons,
+    reductions,
+    sorting,
+    elementwise,
+    shape_ops,
+    indexing,
+    contraction,
+)
 HELPERS = {"unbroadcast", "multi_output", "gather"}  # public functions that are not ops themselves (gather: an alias)
 
 
@@ -71,7 +96,7 @@ def replay(records, feeds):
             spec = next((s for s in op.inputs if s.lstrip("*") == pname), None)
             if spec is not None and spec.startswith("*"):
                 count = len(values) - single
-                arguments[pname] = tuple(values[pos:pos + count])
+                arguments[pname] = tuple(values[pos : pos + count])
                 pos += count
             elif spec is not None:
                 arguments[pname] = values[pos]
@@ -142,8 +167,19 @@ def test_table_entries_are_well_formed():
 
 def test_categories_the_policy_relies_on():
     low = {"matmul", "linear", "conv2d"}
-    high = {"sum", "mean", "var", "exp", "log", "pow", "softmax", "log_softmax",
-            "mse_loss", "cross_entropy", "binary_cross_entropy_with_logits"}
+    high = {
+        "sum",
+        "mean",
+        "var",
+        "exp",
+        "log",
+        "pow",
+        "softmax",
+        "log_softmax",
+        "mse_loss",
+        "cross_entropy",
+        "binary_cross_entropy_with_logits",
+    }
     for name in low:
         assert dispatch.OPS[name].category == dispatch.LOW_PRECISION, name
     for name in high:
@@ -152,8 +188,22 @@ def test_categories_the_policy_relies_on():
 
 
 def test_tensor_operators_and_methods_are_table_ops():
-    for attr in ("__add__", "__sub__", "__mul__", "__truediv__", "__neg__", "__pow__", "__matmul__",
-                 "__getitem__", "sum", "mean", "exp", "reshape", "transpose", "astype"):
+    for attr in (
+        "__add__",
+        "__sub__",
+        "__mul__",
+        "__truediv__",
+        "__neg__",
+        "__pow__",
+        "__matmul__",
+        "__getitem__",
+        "sum",
+        "mean",
+        "exp",
+        "reshape",
+        "transpose",
+        "astype",
+    ):
         assert hasattr(getattr(Tensor, attr), "op"), attr
     x = eo.tensor(np.ones((2, 3), np.float32))
     with tracing() as rec:
@@ -198,8 +248,12 @@ def test_policy_gets_each_categorized_op_once_with_its_operands():
         z = x + x  # no category: the policy is not asked
         m = eo.matmul(np.ones((2, 3), np.float32), w)  # a float array is wrapped, then cast
         sm = eo.softmax(x, blocked=np.eye(2, 3, dtype=bool))  # the mask is not a number to cast
-    assert [c for c, _ in p.calls] == [dispatch.FLOAT32, dispatch.LOW_PRECISION, dispatch.LOW_PRECISION,
-                                       dispatch.FLOAT32]
+    assert [c for c, _ in p.calls] == [
+        dispatch.FLOAT32,
+        dispatch.LOW_PRECISION,
+        dispatch.LOW_PRECISION,
+        dispatch.FLOAT32,
+    ]
     assert p.calls[0][1] == (x,) and p.calls[1][1] == (x, w)
     assert isinstance(p.calls[2][1][0], Tensor) and len(p.calls[3][1]) == 1
     assert s.dtype == "float64" and y.dtype == "float32" and z.dtype == "float32" and m.dtype == "float32"
@@ -244,8 +298,13 @@ def test_mlp_trace():
 
 
 def test_cnn_trace_resolves_geometry():
-    model = eo.Sequential(eo.Conv2D(1, 4, 3, padding="same", seed=0), eo.ReLU(), eo.MaxPool2D(2),
-                          eo.Flatten(), eo.Linear(4 * 4 * 4, 3, seed=1))
+    model = eo.Sequential(
+        eo.Conv2D(1, 4, 3, padding="same", seed=0),
+        eo.ReLU(),
+        eo.MaxPool2D(2),
+        eo.Flatten(),
+        eo.Linear(4 * 4 * 4, 3, seed=1),
+    )
     rng = np.random.default_rng(1)
     x, other = (rng.standard_normal((2, 8, 8, 1)).astype(np.float32) for _ in range(2))
     rec = trace_and_replay(model, x, other)
@@ -255,7 +314,9 @@ def test_cnn_trace_resolves_geometry():
     conv_attrs, pool_attrs = rec.records[0][3], rec.records[2][3]
     assert conv_attrs["pads"] == ((1, 1), (1, 1)) and conv_attrs["stride"] == (1, 1)
     assert conv_attrs["kernel_size"] == (3, 3) and conv_attrs["padding"] == "same"
-    assert pool_attrs["stride"] == (2, 2) and pool_attrs["pool_size"] == (2, 2) and pool_attrs["pads"] == ((0, 0), (0, 0))
+    assert (
+        pool_attrs["stride"] == (2, 2) and pool_attrs["pool_size"] == (2, 2) and pool_attrs["pads"] == ((0, 0), (0, 0))
+    )
 
 
 class LSTMClassifier(eo.Module):

@@ -1,4 +1,5 @@
 """Optimizers against their update rules written out in NumPy."""
+
 import numpy as np
 import pytest
 
@@ -18,7 +19,9 @@ def _run(opt_factory, steps=3):
     return w0, grads, p.data
 
 
-@pytest.mark.parametrize("momentum,nesterov,wd", [(0.0, False, 0.0), (0.9, False, 0.0), (0.9, True, 0.01), (0.5, False, 0.1)])
+@pytest.mark.parametrize(
+    "momentum,nesterov,wd", [(0.0, False, 0.0), (0.9, False, 0.0), (0.9, True, 0.01), (0.5, False, 0.1)]
+)
 def test_sgd_matches_reference(momentum, nesterov, wd):
     lr = 0.1
     w0, grads, got = _run(lambda ps: eo.SGD(ps, lr=lr, momentum=momentum, nesterov=nesterov, weight_decay=wd))
@@ -44,7 +47,7 @@ def test_adam_matches_reference(cls, wd):
             g = g + wd * w
         m = b1 * m + (1 - b1) * g
         v = b2 * v + (1 - b2) * g * g
-        w = w - lr * (m / (1 - b1 ** t)) / (np.sqrt(v / (1 - b2 ** t)) + eps)
+        w = w - lr * (m / (1 - b1**t)) / (np.sqrt(v / (1 - b2**t)) + eps)
     np.testing.assert_allclose(got, w, rtol=1e-10)
 
 
@@ -81,7 +84,7 @@ def test_clip_grad_norm():
     a.grad, b.grad = np.array([3.0, 0.0]), np.array([4.0])
     total = eo.clip_grad_norm([a, b], 1.0)
     assert total == pytest.approx(5.0)
-    assert np.sqrt((a.grad ** 2).sum() + (b.grad ** 2).sum()) == pytest.approx(1.0, rel=1e-5)
+    assert np.sqrt((a.grad**2).sum() + (b.grad**2).sum()) == pytest.approx(1.0, rel=1e-5)
     a.grad = np.array([np.inf, 0.0])
     assert not np.isfinite(eo.clip_grad_norm([a], 1.0)) and a.grad[0] == np.inf
 
@@ -100,7 +103,7 @@ def test_amsgrad_matches_reference(cls, wd):
         m = b1 * m + (1 - b1) * g
         v = b2 * v + (1 - b2) * g * g
         vmax = np.maximum(vmax, v)
-        w = w - lr * (m / (1 - b1 ** t)) / (np.sqrt(vmax / (1 - b2 ** t)) + eps)
+        w = w - lr * (m / (1 - b1**t)) / (np.sqrt(vmax / (1 - b2**t)) + eps)
     np.testing.assert_allclose(got, w, rtol=1e-10)
 
 
@@ -117,19 +120,22 @@ def test_amsgrad_differs_from_adam_once_v_shrinks():
     assert not np.allclose(final(True), final(False))
 
 
-@pytest.mark.parametrize("alpha,momentum,centered,wd", [(0.99, 0.0, False, 0.0), (0.9, 0.9, False, 0.0),
-                                                        (0.9, 0.0, True, 0.1), (0.8, 0.5, True, 0.01)])
+@pytest.mark.parametrize(
+    "alpha,momentum,centered,wd",
+    [(0.99, 0.0, False, 0.0), (0.9, 0.9, False, 0.0), (0.9, 0.0, True, 0.1), (0.8, 0.5, True, 0.01)],
+)
 def test_rmsprop_matches_reference(alpha, momentum, centered, wd):
     lr, eps = 0.01, 1e-8
-    w0, grads, got = _run(lambda ps: eo.RMSprop(ps, lr=lr, alpha=alpha, momentum=momentum, centered=centered,
-                                                weight_decay=wd), steps=5)
+    w0, grads, got = _run(
+        lambda ps: eo.RMSprop(ps, lr=lr, alpha=alpha, momentum=momentum, centered=centered, weight_decay=wd), steps=5
+    )
     w, sq, avg_g, buf = w0.copy(), np.zeros(4), np.zeros(4), np.zeros(4)
     for g in grads:
         g = g + wd * w
         sq = alpha * sq + (1 - alpha) * g * g
         if centered:
             avg_g = alpha * avg_g + (1 - alpha) * g
-            denom = np.sqrt(sq - avg_g ** 2) + eps
+            denom = np.sqrt(sq - avg_g**2) + eps
         else:
             denom = np.sqrt(sq) + eps
         if momentum:
@@ -151,8 +157,11 @@ def test_sgd_dampening_matches_reference():
 
 
 def test_float32_parameters_stay_float32():
-    for make in (lambda ps: eo.SGD(ps, lr=0.1, momentum=0.9, weight_decay=0.1), lambda ps: eo.Adam(ps, amsgrad=True),
-                 lambda ps: eo.RMSprop(ps, momentum=0.9, centered=True)):
+    for make in (
+        lambda ps: eo.SGD(ps, lr=0.1, momentum=0.9, weight_decay=0.1),
+        lambda ps: eo.Adam(ps, amsgrad=True),
+        lambda ps: eo.RMSprop(ps, momentum=0.9, centered=True),
+    ):
         p = eo.Parameter(np.ones(3, dtype=np.float32))
         opt = make([p])
         p.grad = np.full(3, 0.5)  # a float64 gradient must not promote the parameter

@@ -1,4 +1,5 @@
 """Param groups, hyperparameter validation and optimizer checkpoints."""
+
 import numpy as np
 import pytest
 
@@ -83,32 +84,55 @@ def test_a_parameter_in_two_groups_is_refused():
         eo.SGD([a, a])
 
 
-@pytest.mark.parametrize("make,match,exc", [
-    (lambda ps: eo.SGD(ps, lr="fast"), r"SGD: lr in the defaults must be a real number, got 'fast' \(str\)", TypeError),
-    (lambda ps: eo.SGD([{"params": ps, "lr": -1.0}]), r"SGD: lr in param group 0 must be a finite number >= 0, got -1.0",
-     ValueError),
-    (lambda ps: eo.SGD([{"params": ps[:1]}, {"params": ps[1:], "momentum": "high"}]),
-     r"momentum in param group 1 must be a real number", TypeError),
-    (lambda ps: eo.SGD(ps, lr=True), r"lr in the defaults must be a real number, got True", TypeError),
-    (lambda ps: eo.SGD(ps, lr=float("nan")), r"must be a finite number", ValueError),
-    (lambda ps: eo.SGD(ps, nesterov=True), r"nesterov=True in the defaults needs momentum > 0", ValueError),
-    (lambda ps: eo.SGD([{"params": ps, "nesterov": True, "momentum": 0.9, "dampening": 0.1}]),
-     r"nesterov=True in param group 0 needs momentum > 0 and dampening == 0", ValueError),
-    (lambda ps: eo.SGD(ps, nesterov=1), r"nesterov in the defaults must be True or False", TypeError),
-    (lambda ps: eo.Adam(ps, betas=(0.9, 1.0)), r"betas in the defaults must be a pair of numbers, each a number in \[0, 1\)",
-     ValueError),
-    (lambda ps: eo.Adam(ps, betas=0.9), r"betas .* must be a pair", TypeError),
-    (lambda ps: eo.AdamW([{"params": ps, "eps": -1e-8}]), r"AdamW: eps in param group 0", ValueError),
-    (lambda ps: eo.Adam(ps, amsgrad="yes"), r"amsgrad in the defaults must be True or False", TypeError),
-    (lambda ps: eo.RMSprop(ps, alpha=1.5), r"RMSprop: alpha in the defaults must be a number in \[0, 1\]", ValueError),
-    (lambda ps: eo.RMSprop([{"params": ps, "centered": None}]), r"centered in param group 0", TypeError),
-    (lambda ps: eo.SGD([{"params": [ps[0], "w"]}]), r"param group 0, entry 1 is a str, not a Tensor", TypeError),
-    (lambda ps: eo.SGD(ps[0]), r"got a single Parameter; wrap it in a list", TypeError),
-    (lambda ps: eo.SGD([ps[0], {"params": ps[1:]}]), r"mixes Tensors and param-group dicts", TypeError),
-    (lambda ps: eo.SGD([{"params": set(ps)}]), r"as a set", TypeError),
-    (lambda ps: eo.SGD([ps[0] * 2.0]), r"not a leaf", ValueError),
-    (lambda ps: eo.SGD([]), r"empty parameter list", ValueError),
-])
+@pytest.mark.parametrize(
+    "make,match,exc",
+    [
+        (
+            lambda ps: eo.SGD(ps, lr="fast"),
+            r"SGD: lr in the defaults must be a real number, got 'fast' \(str\)",
+            TypeError,
+        ),
+        (
+            lambda ps: eo.SGD([{"params": ps, "lr": -1.0}]),
+            r"SGD: lr in param group 0 must be a finite number >= 0, got -1.0",
+            ValueError,
+        ),
+        (
+            lambda ps: eo.SGD([{"params": ps[:1]}, {"params": ps[1:], "momentum": "high"}]),
+            r"momentum in param group 1 must be a real number",
+            TypeError,
+        ),
+        (lambda ps: eo.SGD(ps, lr=True), r"lr in the defaults must be a real number, got True", TypeError),
+        (lambda ps: eo.SGD(ps, lr=float("nan")), r"must be a finite number", ValueError),
+        (lambda ps: eo.SGD(ps, nesterov=True), r"nesterov=True in the defaults needs momentum > 0", ValueError),
+        (
+            lambda ps: eo.SGD([{"params": ps, "nesterov": True, "momentum": 0.9, "dampening": 0.1}]),
+            r"nesterov=True in param group 0 needs momentum > 0 and dampening == 0",
+            ValueError,
+        ),
+        (lambda ps: eo.SGD(ps, nesterov=1), r"nesterov in the defaults must be True or False", TypeError),
+        (
+            lambda ps: eo.Adam(ps, betas=(0.9, 1.0)),
+            r"betas in the defaults must be a pair of numbers, each a number in \[0, 1\)",
+            ValueError,
+        ),
+        (lambda ps: eo.Adam(ps, betas=0.9), r"betas .* must be a pair", TypeError),
+        (lambda ps: eo.AdamW([{"params": ps, "eps": -1e-8}]), r"AdamW: eps in param group 0", ValueError),
+        (lambda ps: eo.Adam(ps, amsgrad="yes"), r"amsgrad in the defaults must be True or False", TypeError),
+        (
+            lambda ps: eo.RMSprop(ps, alpha=1.5),
+            r"RMSprop: alpha in the defaults must be a number in \[0, 1\]",
+            ValueError,
+        ),
+        (lambda ps: eo.RMSprop([{"params": ps, "centered": None}]), r"centered in param group 0", TypeError),
+        (lambda ps: eo.SGD([{"params": [ps[0], "w"]}]), r"param group 0, entry 1 is a str, not a Tensor", TypeError),
+        (lambda ps: eo.SGD(ps[0]), r"got a single Parameter; wrap it in a list", TypeError),
+        (lambda ps: eo.SGD([ps[0], {"params": ps[1:]}]), r"mixes Tensors and param-group dicts", TypeError),
+        (lambda ps: eo.SGD([{"params": set(ps)}]), r"as a set", TypeError),
+        (lambda ps: eo.SGD([ps[0] * 2.0]), r"not a leaf", ValueError),
+        (lambda ps: eo.SGD([]), r"empty parameter list", ValueError),
+    ],
+)
 def test_bad_hyperparameters_are_refused_at_construction(make, match, exc):
     with pytest.raises(exc, match=match):
         make(_params())
@@ -153,8 +177,9 @@ def test_state_dict_round_trips_through_save_and_load(name, tmp_path):
     opt2 = make(params2)
     opt2.param_groups[1]["lr"] = 123.0  # must be overwritten by the checkpoint
     opt2.load_state_dict(back["optimizer"])
-    assert [{k: v for k, v in g.items() if k != "params"} for g in opt2.param_groups] == \
-        [{k: v for k, v in g.items() if k != "params"} for g in opt.param_groups]
+    assert [{k: v for k, v in g.items() if k != "params"} for g in opt2.param_groups] == [
+        {k: v for k, v in g.items() if k != "params"} for g in opt.param_groups
+    ]
     _train(opt2, params2, 3, start=3)
     for p, q in zip(params, params2):
         assert np.array_equal(p.data, q.data)
@@ -183,19 +208,35 @@ def test_load_state_dict_validates_like_the_constructor():
         return sd
 
     cases = [
-        (lambda sd: sd["param_groups"][1].update(lr="fast"), TypeError,
-         r"Adam: lr in param group 1 of the loaded state dict must be a real number, got 'fast'"),
+        (
+            lambda sd: sd["param_groups"][1].update(lr="fast"),
+            TypeError,
+            r"Adam: lr in param group 1 of the loaded state dict must be a real number, got 'fast'",
+        ),
         (lambda sd: sd["param_groups"][0].update(betas=(0.9, 2.0)), ValueError, r"betas in param group 0"),
         (lambda sd: sd["param_groups"][0].update(amsgrad=1), TypeError, r"amsgrad in param group 0 .* True or False"),
         (lambda sd: sd["param_groups"].pop(), eo.EveryOStateDictError, r"has 1 param groups, this optimizer has 2"),
-        (lambda sd: sd["param_groups"][0].update(params=[0]), eo.EveryOStateDictError,
-         r"param group 0 of the state dict has 1 parameters, this optimizer's has 2"),
+        (
+            lambda sd: sd["param_groups"][0].update(params=[0]),
+            eo.EveryOStateDictError,
+            r"param group 0 of the state dict has 1 parameters, this optimizer's has 2",
+        ),
         (lambda sd: sd["param_groups"][1].update(params=[1]), eo.EveryOStateDictError, r"ids must be distinct"),
-        (lambda sd: sd["state"]["1"].pop("exp_avg_sq"), eo.EveryOStateDictError,
-         r"state for parameter 1 has no 'exp_avg_sq'"),
-        (lambda sd: sd["state"]["0"].update(step=-1), eo.EveryOStateDictError, r"'step' for parameter 0 must be an int"),
-        (lambda sd: sd["state"]["2"].update(exp_avg=np.zeros(5)), eo.EveryOStateDictError,
-         r"'exp_avg' for parameter 2 has shape \(5,\), the parameter has \(4,\)"),
+        (
+            lambda sd: sd["state"]["1"].pop("exp_avg_sq"),
+            eo.EveryOStateDictError,
+            r"state for parameter 1 has no 'exp_avg_sq'",
+        ),
+        (
+            lambda sd: sd["state"]["0"].update(step=-1),
+            eo.EveryOStateDictError,
+            r"'step' for parameter 0 must be an int",
+        ),
+        (
+            lambda sd: sd["state"]["2"].update(exp_avg=np.zeros(5)),
+            eo.EveryOStateDictError,
+            r"'exp_avg' for parameter 2 has shape \(5,\), the parameter has \(4,\)",
+        ),
         (lambda sd: sd["state"].update({"7": {}}), eo.EveryOStateDictError, r"parameter 7"),
     ]
     for edit, exc, match in cases:
@@ -221,9 +262,12 @@ def test_legacy_state_dict_loads():
     # The 0.1 format: one 'hyper' dict and the state.
     p = eo.Parameter(np.zeros(3, dtype=np.float32))
     opt = eo.SGD([p], lr=0.1, momentum=0.9)
-    opt.load_state_dict({"hyper": {"lr": 0.5, "momentum": 0.8, "dampening": 0.0, "nesterov": False,
-                                   "weight_decay": 0.0},
-                         "state": {"0": {"momentum_buffer": np.ones(3, dtype=np.float32)}}})
+    opt.load_state_dict(
+        {
+            "hyper": {"lr": 0.5, "momentum": 0.8, "dampening": 0.0, "nesterov": False, "weight_decay": 0.0},
+            "state": {"0": {"momentum_buffer": np.ones(3, dtype=np.float32)}},
+        }
+    )
     assert opt.lr == 0.5 and opt.momentum == 0.8
     p.grad = np.ones(3, dtype=np.float32)
     opt.step()

@@ -1,4 +1,5 @@
 """Optimizers and schedules side by side with PyTorch's (skipped where torch is not installed)."""
+
 import numpy as np
 import pytest
 
@@ -8,14 +9,22 @@ from everyo.optim import lr_scheduler as sched
 torch = pytest.importorskip("torch")
 
 PAIRS = {
-    "sgd": (lambda ps: eo.SGD(ps, lr=0.1, momentum=0.9, nesterov=True, weight_decay=0.01),
-            lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9, nesterov=True, weight_decay=0.01)),
-    "adam": (lambda ps: eo.Adam(ps, lr=0.01, amsgrad=True, weight_decay=0.1),
-             lambda ps: torch.optim.Adam(ps, lr=0.01, amsgrad=True, weight_decay=0.1)),
-    "adamw": (lambda ps: eo.AdamW(ps, lr=0.01, betas=(0.8, 0.9)),
-              lambda ps: torch.optim.AdamW(ps, lr=0.01, betas=(0.8, 0.9))),
-    "rmsprop": (lambda ps: eo.RMSprop(ps, lr=0.01, momentum=0.5, centered=True, weight_decay=0.01),
-                lambda ps: torch.optim.RMSprop(ps, lr=0.01, momentum=0.5, centered=True, weight_decay=0.01)),
+    "sgd": (
+        lambda ps: eo.SGD(ps, lr=0.1, momentum=0.9, nesterov=True, weight_decay=0.01),
+        lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9, nesterov=True, weight_decay=0.01),
+    ),
+    "adam": (
+        lambda ps: eo.Adam(ps, lr=0.01, amsgrad=True, weight_decay=0.1),
+        lambda ps: torch.optim.Adam(ps, lr=0.01, amsgrad=True, weight_decay=0.1),
+    ),
+    "adamw": (
+        lambda ps: eo.AdamW(ps, lr=0.01, betas=(0.8, 0.9)),
+        lambda ps: torch.optim.AdamW(ps, lr=0.01, betas=(0.8, 0.9)),
+    ),
+    "rmsprop": (
+        lambda ps: eo.RMSprop(ps, lr=0.01, momentum=0.5, centered=True, weight_decay=0.01),
+        lambda ps: torch.optim.RMSprop(ps, lr=0.01, momentum=0.5, centered=True, weight_decay=0.01),
+    ),
 }
 
 
@@ -40,19 +49,36 @@ def test_optimizer_matches_torch_with_groups(name):
 
 SCHEDULES = {
     "step": (lambda o: sched.StepLR(o, 7, gamma=0.5), lambda o: torch.optim.lr_scheduler.StepLR(o, 7, gamma=0.5)),
-    "multistep": (lambda o: sched.MultiStepLR(o, [10, 30, 75], 0.3),
-                  lambda o: torch.optim.lr_scheduler.MultiStepLR(o, [10, 30, 75], 0.3)),
+    "multistep": (
+        lambda o: sched.MultiStepLR(o, [10, 30, 75], 0.3),
+        lambda o: torch.optim.lr_scheduler.MultiStepLR(o, [10, 30, 75], 0.3),
+    ),
     "exponential": (lambda o: sched.ExponentialLR(o, 0.97), lambda o: torch.optim.lr_scheduler.ExponentialLR(o, 0.97)),
-    "cosine": (lambda o: sched.CosineAnnealingLR(o, 50, 1e-3),
-               lambda o: torch.optim.lr_scheduler.CosineAnnealingLR(o, 50, 1e-3)),
-    "linear": (lambda o: sched.LinearLR(o, 0.05, 0.9, 40), lambda o: torch.optim.lr_scheduler.LinearLR(o, 0.05, 0.9, 40)),
-    "onecycle": (lambda o: sched.OneCycleLR(o, max_lr=[1.0, 0.5], total_steps=100, three_phase=True),
-                 lambda o: torch.optim.lr_scheduler.OneCycleLR(o, max_lr=[1.0, 0.5], total_steps=100, three_phase=True)),
-    "sequential": (lambda o: sched.SequentialLR(o, [sched.LinearLR(o, 0.1, total_iters=5),
-                                                    sched.CosineAnnealingLR(o, 60)], milestones=[5]),
-                   lambda o: torch.optim.lr_scheduler.SequentialLR(
-                       o, [torch.optim.lr_scheduler.LinearLR(o, 0.1, total_iters=5),
-                           torch.optim.lr_scheduler.CosineAnnealingLR(o, 60)], milestones=[5])),
+    "cosine": (
+        lambda o: sched.CosineAnnealingLR(o, 50, 1e-3),
+        lambda o: torch.optim.lr_scheduler.CosineAnnealingLR(o, 50, 1e-3),
+    ),
+    "linear": (
+        lambda o: sched.LinearLR(o, 0.05, 0.9, 40),
+        lambda o: torch.optim.lr_scheduler.LinearLR(o, 0.05, 0.9, 40),
+    ),
+    "onecycle": (
+        lambda o: sched.OneCycleLR(o, max_lr=[1.0, 0.5], total_steps=100, three_phase=True),
+        lambda o: torch.optim.lr_scheduler.OneCycleLR(o, max_lr=[1.0, 0.5], total_steps=100, three_phase=True),
+    ),
+    "sequential": (
+        lambda o: sched.SequentialLR(
+            o, [sched.LinearLR(o, 0.1, total_iters=5), sched.CosineAnnealingLR(o, 60)], milestones=[5]
+        ),
+        lambda o: torch.optim.lr_scheduler.SequentialLR(
+            o,
+            [
+                torch.optim.lr_scheduler.LinearLR(o, 0.1, total_iters=5),
+                torch.optim.lr_scheduler.CosineAnnealingLR(o, 60),
+            ],
+            milestones=[5],
+        ),
+    ),
 }
 
 
@@ -61,13 +87,13 @@ def test_schedule_matches_torch(name):
     ours, theirs = SCHEDULES[name]
     groups = lambda ps: [{"params": ps[:1], "lr": 0.1}, {"params": ps[1:], "lr": 0.02}]  # noqa: E731
     opt = eo.SGD(groups([eo.Parameter(np.ones(1)), eo.Parameter(np.ones(1))]), momentum=0.9)
-    topt = torch.optim.SGD(groups([torch.ones(1, requires_grad=True), torch.ones(1, requires_grad=True)]),
-                           momentum=0.9)
+    topt = torch.optim.SGD(groups([torch.ones(1, requires_grad=True), torch.ones(1, requires_grad=True)]), momentum=0.9)
     s, ts = ours(opt), theirs(topt)
     for _ in range(99):
         np.testing.assert_allclose(s.get_last_lr(), ts.get_last_lr(), rtol=1e-9)
-        np.testing.assert_allclose([g["momentum"] for g in opt.param_groups],
-                                   [g["momentum"] for g in topt.param_groups], rtol=1e-9)
+        np.testing.assert_allclose(
+            [g["momentum"] for g in opt.param_groups], [g["momentum"] for g in topt.param_groups], rtol=1e-9
+        )
         topt.step()
         s.step()
         ts.step()

@@ -1,4 +1,5 @@
 """Every public name exported by ``everyo`` has a docstring (the add-ons' cells check their ``__all__``)."""
+
 import inspect
 
 import everyo as eo

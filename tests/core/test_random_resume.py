@@ -1,5 +1,6 @@
 """eo.manual_seed, random streams in state_dict, and bit-identical resumption
 through public API alone (the resumed half runs in a fresh process)."""
+
 import math
 import os
 import subprocess
@@ -14,8 +15,15 @@ import everyo as eo
 
 def build_all():
     """One of every layer that draws at construction, none with seed=."""
-    return [eo.Linear(5, 4), eo.Conv2D(3, 2, 3), eo.LSTM(3, 4), eo.GRU(3, 2, bidirectional=True),
-            eo.Embedding(7, 3), eo.MultiHeadAttention(8, 2), eo.TransformerEncoder(1, 8, 2, 16)]
+    return [
+        eo.Linear(5, 4),
+        eo.Conv2D(3, 2, 3),
+        eo.LSTM(3, 4),
+        eo.GRU(3, 2, bidirectional=True),
+        eo.Embedding(7, 3),
+        eo.MultiHeadAttention(8, 2),
+        eo.TransformerEncoder(1, 8, 2, 16),
+    ]
 
 
 def test_manual_seed_makes_default_initialisation_reproducible():
@@ -42,8 +50,9 @@ def test_seed_keeps_its_0_1_numbers_whatever_the_global_state():
     expected = np.random.default_rng(7).uniform(-bound, bound, size=(4, 3)).astype(np.float32)
     np.testing.assert_array_equal(a, expected)
     np.testing.assert_array_equal(b, expected)
-    np.testing.assert_array_equal(eo.randn(2, 3, seed=1).data,
-                                  np.random.default_rng(1).standard_normal((2, 3)).astype(np.float32))
+    np.testing.assert_array_equal(
+        eo.randn(2, 3, seed=1).data, np.random.default_rng(1).standard_normal((2, 3)).astype(np.float32)
+    )
 
 
 def test_seeded_streams_draw_0_1s_numbers():
@@ -54,8 +63,9 @@ def test_seeded_streams_draw_0_1s_numbers():
     gru = eo.GRU(3, 2, seed=4)
     rng = np.random.default_rng(4)
     rng.integers(2**63)  # 0.1 seeds the dropout stream first
-    np.testing.assert_array_equal(gru.weight_ih_l0.data,
-                                  rng.uniform(-1 / np.sqrt(2), 1 / np.sqrt(2), (3, 6)).astype(np.float32))
+    np.testing.assert_array_equal(
+        gru.weight_ih_l0.data, rng.uniform(-1 / np.sqrt(2), 1 / np.sqrt(2), (3, 6)).astype(np.float32)
+    )
     order = next(iter(eo.DataLoader(np.arange(9), batch_size=9, shuffle=True, seed=5))).data
     np.testing.assert_array_equal(order, np.random.default_rng(5).permutation(9))
 
@@ -103,8 +113,7 @@ def test_dropout_stream_is_in_the_state_dict_and_loads_back():
     model = eo.Sequential(eo.Linear(3, 3, seed=0), eo.Dropout(0.2, seed=1))
     assert list(model.state_dict()) == ["0.weight", "0.bias", "1.generator"]
     drop.generator = np.random.default_rng(5)  # replacing the stream keeps it registered
-    np.testing.assert_array_equal(drop.state_dict()["generator"],
-                                  eo.random.generator_state(np.random.default_rng(5)))
+    np.testing.assert_array_equal(drop.state_dict()["generator"], eo.random.generator_state(np.random.default_rng(5)))
 
 
 def test_a_bad_stream_state_is_refused_and_changes_nothing_and_0_1_state_dicts_still_load():
@@ -167,8 +176,12 @@ def test_state_saved_inside_the_loop_after_the_last_batch_resumes_at_the_next_ep
 def test_bad_loader_state_is_refused():
     loader = eo.DataLoader(np.arange(8), batch_size=4, shuffle=True, seed=0)
     good = loader.state_dict()
-    for bad, match in [({"epoch": 0}, "expected keys"), (dict(good, position=3), "past the 2 batches"),
-                       (dict(good, epoch=-1), "non-negative integer"), (dict(good, generator=np.zeros(6)), "uint64")]:
+    for bad, match in [
+        ({"epoch": 0}, "expected keys"),
+        (dict(good, position=3), "past the 2 batches"),
+        (dict(good, epoch=-1), "non-negative integer"),
+        (dict(good, generator=np.zeros(6)), "uint64"),
+    ]:
         with pytest.raises(eo.EveryOStateDictError, match=match):
             loader.load_state_dict(bad)
     assert loader.state_dict()["epoch"] == 0
@@ -222,13 +235,19 @@ def test_resumed_training_is_bitwise_equal_to_uninterrupted(tmp_path):
     eo.manual_seed(2024)
     model, opt, loader = build()
     train_epoch(model, opt, loader)
-    eo.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "loader": loader.state_dict()},
-            tmp_path / "ckpt.npz")
+    eo.save(
+        {"model": model.state_dict(), "optimizer": opt.state_dict(), "loader": loader.state_dict()},
+        tmp_path / "ckpt.npz",
+    )
     script = tmp_path / "resume.py"
     script.write_text(RESUME)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
-    subprocess.run([sys.executable, str(script), str(tmp_path / "ckpt.npz"), str(tmp_path / "end.npz")],
-                   check=True, env=env, timeout=120)
+    subprocess.run(
+        [sys.executable, str(script), str(tmp_path / "ckpt.npz"), str(tmp_path / "end.npz")],
+        check=True,
+        env=env,
+        timeout=120,
+    )
     resumed = eo.load(tmp_path / "end.npz")
     assert list(resumed) == list(uninterrupted)
     for key in uninterrupted:

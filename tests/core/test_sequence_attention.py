@@ -1,6 +1,7 @@
 """MultiHeadAttention against a direct NumPy computation (with and without
 masks), gradients against central differences, the causal mask against the
 future, and fully masked rows."""
+
 import numpy as np
 import pytest
 
@@ -14,7 +15,7 @@ def numpy_attention(mha, q_in, k_in, v_in, blocked=None, additive=None):
     """softmax(Q K^T / sqrt(d) + mask) V per head, written out directly."""
     sd = mha.state_dict()
     w, b = sd["in_proj_weight"], sd["in_proj_bias"]
-    q, k, v = (x @ w[:, i * E:(i + 1) * E] + b[i * E:(i + 1) * E] for i, x in enumerate((q_in, k_in, v_in)))
+    q, k, v = (x @ w[:, i * E : (i + 1) * E] + b[i * E : (i + 1) * E] for i, x in enumerate((q_in, k_in, v_in)))
     d = E // HEADS
     batch, lq, lk = q.shape[0], q.shape[1], k.shape[1]
     out = np.zeros((batch, lq, E))
@@ -133,8 +134,12 @@ def test_self_attention_gradients_with_causal_and_padding_masks():
     mha = eo.MultiHeadAttention(4, 2, seed=7)
     padding = np.array([[False, False, True], [False, False, False]])
     mha.to("float64")
-    check_gradients(lambda x: mha(x, key_padding_mask=padding, is_causal=True, need_weights=True),
-                    [data(2, 3, 4)], mha.parameters(), name="MultiHeadAttention self")
+    check_gradients(
+        lambda x: mha(x, key_padding_mask=padding, is_causal=True, need_weights=True),
+        [data(2, 3, 4)],
+        mha.parameters(),
+        name="MultiHeadAttention self",
+    )
 
 
 def test_cross_attention_gradients_separate_key_and_value():
@@ -146,8 +151,12 @@ def test_cross_attention_gradients_shared_key_value_and_a_fully_masked_row():
     mha = eo.MultiHeadAttention(4, 1, seed=9)
     attn = np.array([[True, True, True], [False, True, False]])
     mha.to("float64")
-    check_gradients(lambda q, kv: mha(q, kv, attn_mask=attn), [data(2, 2, 4), data(2, 3, 4, seed=1)],
-                    mha.parameters(), name="MultiHeadAttention kv")
+    check_gradients(
+        lambda q, kv: mha(q, kv, attn_mask=attn),
+        [data(2, 2, 4), data(2, 3, 4, seed=1)],
+        mha.parameters(),
+        name="MultiHeadAttention kv",
+    )
 
 
 # --- behaviour and errors --------------------------------------------------------------------

@@ -1,6 +1,7 @@
 """``lengths=`` on RNN, LSTM and GRU: each padded batch against running every
 sequence alone through the plain-NumPy step-by-step reference, gradients
 against central differences, and the errors."""
+
 import numpy as np
 import pytest
 
@@ -14,8 +15,11 @@ KINDS = {
     "lstm": lambda **kw: eo.LSTM(3, 4, **kw),
     "gru": lambda **kw: eo.GRU(3, 4, **kw),
 }
-CONFIGS = [dict(num_layers=1, bidirectional=False), dict(num_layers=1, bidirectional=True),
-           dict(num_layers=2, bidirectional=True)]
+CONFIGS = [
+    dict(num_layers=1, bidirectional=False),
+    dict(num_layers=1, bidirectional=True),
+    dict(num_layers=2, bidirectional=True),
+]
 
 
 def make(kind, config, seed=0):
@@ -49,8 +53,9 @@ def test_padded_batch_equals_each_sequence_run_alone(kind, config):
     ref_kind = "rnn" if kind.startswith("rnn") else kind
     act = (lambda v: np.maximum(v, 0)) if kind == "rnn_relu" else np.tanh
     for b, n in enumerate(lengths):
-        ref_out, ref_h, ref_c = reference(ref_kind, module, x[b:b + 1, :n], h0[:, b:b + 1],
-                                          c0[:, b:b + 1] if kind == "lstm" else None, act=act)
+        ref_out, ref_h, ref_c = reference(
+            ref_kind, module, x[b : b + 1, :n], h0[:, b : b + 1], c0[:, b : b + 1] if kind == "lstm" else None, act=act
+        )
         np.testing.assert_allclose(out.data[b, :n], ref_out[0], rtol=1e-10, atol=1e-12)
         assert not out.data[b, n:].any(), "outputs past the length must be zero"
         np.testing.assert_allclose(h_n.data[:, b], ref_h[:, 0], rtol=1e-10, atol=1e-12)

@@ -1,6 +1,7 @@
 """The primitive ops behind the sequence layers: multi-output relay, split,
 embedding gather, masked softmax and the fused recurrences. Every gradient is
 checked against central differences through everyo.testing."""
+
 import numpy as np
 import pytest
 
@@ -102,7 +103,8 @@ B, T, H = 2, 4, 3
 def test_rnn_scan_gradient(reverse, nonlinearity):
     check_gradients(
         lambda xp, h0, w: tuple(rnn_scan(xp, h0, w, nonlinearity, reverse)),
-        [rand(B, T, H), rand(B, H, seed=1), rand(H, H, seed=2, scale=0.5)], name="rnn_scan",
+        [rand(B, T, H), rand(B, H, seed=1), rand(H, H, seed=2, scale=0.5)],
+        name="rnn_scan",
     )
 
 

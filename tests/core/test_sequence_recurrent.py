@@ -2,6 +2,7 @@
 written here from the documented equations, gradients against central
 differences, a 1,000-step sequence against an unfused autograd reference,
 and the errors."""
+
 import numpy as np
 import pytest
 
@@ -167,8 +168,8 @@ def unfused_lstm(x_steps, h, c, w_ih, w_hh, b):
     hidden = h.shape[-1]
     for x in x_steps:
         z = eo.linear(x, w_ih, b) + h @ w_hh
-        i, f = eo.sigmoid(z[:, :hidden]), eo.sigmoid(z[:, hidden:2 * hidden])
-        g, o = eo.tanh(z[:, 2 * hidden:3 * hidden]), eo.sigmoid(z[:, 3 * hidden:])
+        i, f = eo.sigmoid(z[:, :hidden]), eo.sigmoid(z[:, hidden : 2 * hidden])
+        g, o = eo.tanh(z[:, 2 * hidden : 3 * hidden]), eo.sigmoid(z[:, 3 * hidden :])
         c = f * c + i * g
         h = o * eo.tanh(c)
     return h
@@ -207,7 +208,10 @@ def test_thousand_step_rnn_and_gru_backward_reach_the_first_step(layer):
 
 # --- behaviour and errors -------------------------------------------------------------
 def test_seed_makes_initialisation_reproducible_and_names_follow_pytorch():
-    a, b = eo.GRU(3, 4, num_layers=2, bidirectional=True, seed=9), eo.GRU(3, 4, num_layers=2, bidirectional=True, seed=9)
+    a, b = (
+        eo.GRU(3, 4, num_layers=2, bidirectional=True, seed=9),
+        eo.GRU(3, 4, num_layers=2, bidirectional=True, seed=9),
+    )
     sa, sb = a.state_dict(), b.state_dict()
     assert list(sa) == list(sb)
     assert "weight_ih_l1_reverse" in sa and sa["weight_ih_l1_reverse"].shape == (8, 12)

@@ -1,6 +1,7 @@
 """Small sequence tasks learned end to end (a few seconds each on 2 cores):
 an LSTM learns to add up digits, a transformer encoder learns to reverse a
 sequence. Accuracy is measured on fresh sequences the model never saw."""
+
 import numpy as np
 
 import everyo as eo

@@ -1,6 +1,7 @@
 """Embedding, PositionalEncoding and the transformer blocks: gradients against
 central differences, the layer equations against a composition of the
 already-tested parts, the causal mask, and the errors."""
+
 import math
 
 import numpy as np
@@ -107,16 +108,24 @@ def test_encoder_layer_gradients(norm_first):
     layer = eo.TransformerEncoderLayer(D, HEADS, FF, dropout=0.0, norm_first=norm_first, seed=2)
     pad = np.array([[False, False, True], [False, False, False]])
     layer.to("float64")
-    check_gradients(lambda x: layer(x, src_key_padding_mask=pad), [data(2, 3, D)], layer.parameters(),
-                    name="TransformerEncoderLayer")
+    check_gradients(
+        lambda x: layer(x, src_key_padding_mask=pad),
+        [data(2, 3, D)],
+        layer.parameters(),
+        name="TransformerEncoderLayer",
+    )
 
 
 @pytest.mark.parametrize("norm_first", [False, True])
 def test_decoder_layer_gradients(norm_first):
     layer = eo.TransformerDecoderLayer(D, HEADS, FF, dropout=0.0, norm_first=norm_first, seed=3)
     layer.to("float64")
-    check_gradients(lambda t, m: layer(t, m, tgt_is_causal=True), [data(2, 2, D), data(2, 3, D, seed=1)],
-                    layer.parameters(), name="TransformerDecoderLayer")
+    check_gradients(
+        lambda t, m: layer(t, m, tgt_is_causal=True),
+        [data(2, 2, D), data(2, 3, D, seed=1)],
+        layer.parameters(),
+        name="TransformerDecoderLayer",
+    )
 
 
 def test_encoder_and_decoder_stack_gradients():
@@ -129,8 +138,9 @@ def test_encoder_and_decoder_stack_gradients():
     def seq2seq(src, tgt):
         return dec(tgt, enc(src), tgt_is_causal=True)
 
-    check_gradients(seq2seq, [data(1, 3, D), data(1, 2, D, seed=1)], enc.parameters() + dec.parameters(),
-                    name="encoder-decoder")
+    check_gradients(
+        seq2seq, [data(1, 3, D), data(1, 2, D, seed=1)], enc.parameters() + dec.parameters(), name="encoder-decoder"
+    )
 
 
 # --- the causal mask through whole stacks -----------------------------------------------------

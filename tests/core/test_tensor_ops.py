@@ -1,5 +1,6 @@
 """The 0.2 tensor ops: each against a NumPy (or loop) reference, each
 differentiable one through check_gradients, each in the op table."""
+
 import math
 
 import numpy as np
@@ -20,11 +21,27 @@ def t(a, grad=False):
 
 # --- the table ---------------------------------------------------------------------------
 CATEGORIES = {
-    "argmax": None, "argmin": None, "topk": None, "sort": None, "cumsum": dispatch.FLOAT32,
-    "prod": dispatch.FLOAT32, "std": dispatch.FLOAT32, "logsumexp": dispatch.FLOAT32, "norm": dispatch.FLOAT32,
-    "maximum": None, "minimum": None, "sin": None, "cos": None, "einsum": dispatch.LOW_PRECISION,
-    "take_along_axis": None, "masked_fill": None, "one_hot": None, "squeeze": None, "expand_dims": None,
-    "moveaxis": None, "clone": None,
+    "argmax": None,
+    "argmin": None,
+    "topk": None,
+    "sort": None,
+    "cumsum": dispatch.FLOAT32,
+    "prod": dispatch.FLOAT32,
+    "std": dispatch.FLOAT32,
+    "logsumexp": dispatch.FLOAT32,
+    "norm": dispatch.FLOAT32,
+    "maximum": None,
+    "minimum": None,
+    "sin": None,
+    "cos": None,
+    "einsum": dispatch.LOW_PRECISION,
+    "take_along_axis": None,
+    "masked_fill": None,
+    "one_hot": None,
+    "squeeze": None,
+    "expand_dims": None,
+    "moveaxis": None,
+    "clone": None,
 }
 
 
@@ -96,7 +113,7 @@ def test_logsumexp():
 @pytest.mark.parametrize("axis", [None, 1])
 def test_norm(ord_, axis):
     p = 2 if ord_ == "fro" else ord_
-    ref = (np.abs(X).max(axis=axis) if p == np.inf else (np.abs(X) ** p).sum(axis=axis) ** (1 / p))
+    ref = np.abs(X).max(axis=axis) if p == np.inf else (np.abs(X) ** p).sum(axis=axis) ** (1 / p)
     np.testing.assert_allclose(eo.norm(t(X), ord=ord_, axis=axis).data, ref, rtol=1e-12)
     check_gradients(lambda a: eo.norm(a, ord=ord_, axis=axis), [X])
 
@@ -155,13 +172,13 @@ def test_sin_cos():
 
 def test_pow_with_tensor_exponents_and_rpow():
     base = np.abs(X) + 0.5
-    np.testing.assert_allclose((t(base) ** t(X)).data, base ** X)
-    np.testing.assert_allclose((2 ** t(X)).data, 2 ** X)
+    np.testing.assert_allclose((t(base) ** t(X)).data, base**X)
+    np.testing.assert_allclose((2 ** t(X)).data, 2**X)
     assert (2 ** t(X32)).dtype == np.float32
-    np.testing.assert_allclose((t(base) ** X).data, base ** X)  # an ndarray exponent
-    check_gradients(lambda a, b: a ** b, [base, X])
-    check_gradients(lambda a: 2.0 ** a, [X])
-    check_gradients(lambda a: 3 ** a, [X])
+    np.testing.assert_allclose((t(base) ** X).data, base**X)  # an ndarray exponent
+    check_gradients(lambda a, b: a**b, [base, X])
+    check_gradients(lambda a: 2.0**a, [X])
+    check_gradients(lambda a: 3**a, [X])
 
 
 # --- einsum ------------------------------------------------------------------------------------
@@ -232,7 +249,9 @@ def test_squeeze_expand_dims_moveaxis():
         eo.squeeze(t(x), axis=0)
     assert eo.expand_dims(t(X), (0, -1)).shape == np.expand_dims(X, (0, -1)).shape
     assert t(X).unsqueeze(1).shape == (3, 1, 4)
-    with pytest.raises(eo.EveryOShapeError, match=r"expand_dims: axis 3 is out of range for the rank-3 result \(input shape \(3, 4\)\)"):
+    with pytest.raises(
+        eo.EveryOShapeError, match=r"expand_dims: axis 3 is out of range for the rank-3 result \(input shape \(3, 4\)\)"
+    ):
         eo.expand_dims(t(X), 3)
     y = RNG.standard_normal((2, 3, 4))
     np.testing.assert_array_equal(eo.moveaxis(t(y), [0, 1], [-1, 0]).data, np.moveaxis(y, [0, 1], [-1, 0]))

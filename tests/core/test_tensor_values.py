@@ -1,4 +1,5 @@
 """Tensor.dtype is a numpy.dtype; Python conversions behave as NumPy's."""
+
 import operator
 
 import numpy as np

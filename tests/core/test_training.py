@@ -1,4 +1,5 @@
 """End-to-end: the layers, losses, optimizers and DataLoader learn."""
+
 import numpy as np
 
 import everyo as eo
@@ -7,8 +8,11 @@ from digits import make_digits
 
 def digit_cnn(seed=0):
     return eo.Sequential(
-        eo.Conv2D(1, 16, 3, padding="same", seed=seed), eo.ReLU(), eo.MaxPool2D(2),
-        eo.Flatten(), eo.Linear(4 * 4 * 16, 10, seed=seed + 1),
+        eo.Conv2D(1, 16, 3, padding="same", seed=seed),
+        eo.ReLU(),
+        eo.MaxPool2D(2),
+        eo.Flatten(),
+        eo.Linear(4 * 4 * 16, 10, seed=seed + 1),
     )
 
 

@@ -1,5 +1,6 @@
 """Worker for the GradScaler data-parallel test (a plain module: ``spawn``
 pickles workers by name and each child imports this file)."""
+
 import numpy as np
 
 POISONED_STEP = 3  # the step at which rank 1 (or, in one process, the batch) gets an inf gradient

@@ -5,6 +5,7 @@ shared-memory segment created by this process in /dev/shm. Only segments
 carrying this process's pid are checked, so other test runs on the same
 machine cannot make it flaky.
 """
+
 import multiprocessing
 import os
 

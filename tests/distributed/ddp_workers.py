@@ -3,6 +3,7 @@
 They live in a plain module because ``spawn`` pickles workers by name and MPI
 ranks import them; every function takes the group (``None``: one process).
 """
+
 import numpy as np
 
 STEPS = 6
@@ -14,7 +15,7 @@ def data(kind, n=96):
     if kind == "mlp":
         x = rng.standard_normal((n, 16)).astype(np.float32)
         return x, np.sin(x[:, :1] * 2).astype(np.float32)
-    x = rng.standard_normal((n, 6, 8)).astype(np.float32)           # (batch, sequence, d_model)
+    x = rng.standard_normal((n, 6, 8)).astype(np.float32)  # (batch, sequence, d_model)
     return x, np.tanh(x.sum(axis=2, keepdims=True)).astype(np.float32)
 
 
@@ -23,8 +24,13 @@ def build(kind, seed):
     import everyo as eo
 
     if kind == "mlp":
-        return eo.Sequential(eo.Linear(16, 32, seed=seed), eo.ReLU(), eo.Linear(32, 32, seed=seed + 1), eo.ReLU(),
-                             eo.Linear(32, 1, seed=seed + 2))
+        return eo.Sequential(
+            eo.Linear(16, 32, seed=seed),
+            eo.ReLU(),
+            eo.Linear(32, 32, seed=seed + 1),
+            eo.ReLU(),
+            eo.Linear(32, 1, seed=seed + 2),
+        )
 
     class Tiny(eo.Module):
         def __init__(self):
@@ -78,12 +84,12 @@ def train(group, kind, bucket_cap_mb=25, accumulate=False, amp=False, world=2):
         for start in range(0, len(rows) - batch * micro + 1, batch * micro):
             optimizer.zero_grad()
             for m in range(micro):
-                picked = rows[start + m * batch:start + (m + 1) * batch]
+                picked = rows[start + m * batch : start + (m + 1) * batch]
                 if amp:
                     with autocast():
                         loss = loss_of(model, x[picked], y[picked])
                     if group is not None and m == micro - 1 and step == 2 and rank == 1:
-                        loss = loss * float("inf")   # one rank's gradients infinite: every rank must skip
+                        loss = loss * float("inf")  # one rank's gradients infinite: every rank must skip
                     backward = lambda: scaler.scale(loss).backward()  # noqa: E731
                 else:
                     loss = loss_of(model, x[picked], y[picked])
@@ -128,7 +134,7 @@ def overlap(group):
     from everyo.distributed import DistributedDataParallel
 
     model = build("mlp", seed=0)
-    ddp = DistributedDataParallel(model, group, bucket_cap_mb=0.001)   # ~1 KiB: several buckets
+    ddp = DistributedDataParallel(model, group, bucket_cap_mb=0.001)  # ~1 KiB: several buckets
     started, calls = threading.Event(), []
     real = group.all_reduce_mean
 
@@ -155,8 +161,13 @@ def overlap(group):
     eo.mean(residual * residual).backward()
     group.all_reduce_mean = real
     grads = [p.grad.copy() for p in model.parameters()]
-    return {"buckets": len(ddp._buckets), "calls": len(calls), "started_during_backward": waited[0],
-            "waited": waited[1], "grads": grads}
+    return {
+        "buckets": len(ddp._buckets),
+        "calls": len(calls),
+        "started_during_backward": waited[0],
+        "waited": waited[1],
+        "grads": grads,
+    }
 
 
 def unused(group):

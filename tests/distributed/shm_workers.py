@@ -4,6 +4,7 @@ They live in a plain module (not a test file) because ``spawn`` pickles the
 worker by name and each new process imports it; keeping them here means the
 children import only this small file and NumPy.
 """
+
 import os
 import signal
 import time
@@ -11,7 +12,7 @@ import time
 import numpy as np
 
 DTYPES = ("float16", "float32", "float64", "int32", "int64", "uint8")
-SIZES = (0, 1, 7, 1000, 100_003)   # 100_003 float64 > 64 KiB per slot: forces the buffer to grow
+SIZES = (0, 1, 7, 1000, 100_003)  # 100_003 float64 > 64 KiB per slot: forces the buffer to grow
 
 
 def rank_data(rank, dtype, size):
@@ -48,7 +49,7 @@ def collectives_battery(group):
     # Shape is kept; a shrinking size after growth reuses the big buffer.
     m = np.arange(12, dtype=np.float32).reshape(3, 4) * (group.rank + 1)
     # Cancellation: a float32 (or float16) running sum of 1 + 2**k - 2**k gives 0; float64 gives 1.
-    out["cancel32"] = group.all_reduce_sum(np.array([1.0, 2.0**30, -2.0**30][group.rank], np.float32))
+    out["cancel32"] = group.all_reduce_sum(np.array([1.0, 2.0**30, -(2.0**30)][group.rank], np.float32))
     out["cancel16"] = group.all_reduce_sum(np.array([1.0, 2048.0, -2048.0][group.rank], np.float16))
     # Other inputs: a big-endian array, an everyo Tensor, a Python list, a 0-d array.
     import everyo as eo
@@ -98,7 +99,7 @@ def mismatched_op(group):
 
 
 def mismatched_size(group):
-    group.all_reduce_sum(np.ones(100, np.float32))   # agreed: the buffer now has 64 KiB slots
+    group.all_reduce_sum(np.ones(100, np.float32))  # agreed: the buffer now has 64 KiB slots
     # Rank 0's array fits the buffer, rank 1's would need it to grow: still caught, no hang.
     group.all_reduce_sum(np.ones(5 if group.rank == 0 else 100_000, np.float32))
 
@@ -114,7 +115,7 @@ def raises_on_rank_1(group):
     if group.rank == 1:
         time.sleep(0.1)
         raise ValueError("boom from the worker")
-    group.all_reduce_mean(np.ones(3))   # blocks until released
+    group.all_reduce_mean(np.ones(3))  # blocks until released
 
 
 def exits_on_rank_1(group):
@@ -158,8 +159,9 @@ def average_gradients_none(group):
 def build_spec_model():
     import everyo as eo
 
-    return eo.Sequential(eo.Linear(16, 32, seed=0), eo.ReLU(), eo.Linear(32, 32, seed=1), eo.ReLU(),
-                         eo.Linear(32, 1, seed=2))
+    return eo.Sequential(
+        eo.Linear(16, 32, seed=0), eo.ReLU(), eo.Linear(32, 32, seed=1), eo.ReLU(), eo.Linear(32, 1, seed=2)
+    )
 
 
 def one_process(inputs, targets, steps):
@@ -209,6 +211,7 @@ def loops_forever(group, pid_dir):
 
 # -- all_gather, reduce_scatter, broadcast from every root, bfloat16: the same battery on every backend --
 
+
 def gather_dtypes():
     try:
         import ml_dtypes  # noqa: F401
@@ -218,7 +221,7 @@ def gather_dtypes():
 
 
 GATHER_SIZES = (0, 1, 7, 100_003)
-SCATTER_ROWS = (0, 1, 2, 5, 40_001)   # fewer rows than ranks too; 40_001 x 3 float64 > 64 KiB
+SCATTER_ROWS = (0, 1, 2, 5, 40_001)  # fewer rows than ranks too; 40_001 x 3 float64 > 64 KiB
 
 
 def as_dtype(name):
@@ -270,7 +273,7 @@ def more_collectives_battery(group):
             out[f"ar_sum|bfloat16|{size}"] = bits(group.all_reduce_sum(x))
             out[f"ar_mean|bfloat16|{size}"] = bits(group.all_reduce_mean(x))
     try:
-        group.all_gather(np.ones(5 + group.rank, np.float32))   # sizes 5, 6, 7: every rank must raise
+        group.all_gather(np.ones(5 + group.rank, np.float32))  # sizes 5, 6, 7: every rank must raise
     except Exception as exc:  # noqa: BLE001 - recorded for the test
         out["mismatch"] = f"{type(exc).__name__}: {exc}"
     else:

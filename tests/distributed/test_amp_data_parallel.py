@@ -1,5 +1,6 @@
 """Data-parallel GradScaler: one rank's inf gradient makes every rank skip the
 same step, so their scales and weights stay identical (needs everyo-amp)."""
+
 import numpy as np
 import pytest
 
@@ -28,8 +29,9 @@ def test_every_rank_takes_the_same_skip_decision(world_size):
     # and reaches the same weights up to float16 rounding of differently sized matmuls.
     reference_history, reference = amp_workers.train(inputs, targets, STEPS)
     assert reference_history == history
-    moved = max(float(np.abs(ref - start.data).max())
-                for ref, start in zip(reference, amp_workers.build_model().parameters()))
+    moved = max(
+        float(np.abs(ref - start.data).max()) for ref, start in zip(reference, amp_workers.build_model().parameters())
+    )
     assert moved > 1e-2
     for a, ref in zip(weights, reference):
         np.testing.assert_allclose(a, ref, rtol=0, atol=1e-4)

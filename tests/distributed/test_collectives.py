@@ -6,6 +6,7 @@ each result is checked against a one-process NumPy reference written plainly
 backends must agree bit for bit. MPI ranks run this file as a program
 (``python test_collectives.py OUT``) and write ``numpy.savez`` files.
 """
+
 import json
 import os
 import signal
@@ -55,9 +56,14 @@ def run_mpi(tmp_path):
     mpiexec = find_mpiexec()
     assert mpiexec, "mpi4py is installed but no mpiexec was found"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-    proc = subprocess.Popen([mpiexec, "-n", str(WORLD), sys.executable, __file__, str(tmp_path)],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        [mpiexec, "-n", str(WORLD), sys.executable, __file__, str(tmp_path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+        start_new_session=True,
+    )
     try:
         output, _ = proc.communicate(timeout=120)
     except subprocess.TimeoutExpired:
@@ -171,10 +177,12 @@ def test_local_refusals_do_not_break_the_group():
 
     def body(group):
         errors = []
-        for call in (lambda: group.reduce_scatter_sum(np.float32(1.0)),
-                     lambda: group.reduce_scatter_mean(np.arange(4)),
-                     lambda: group.all_reduce_sum(np.ones(2, bool)),
-                     lambda: group.broadcast(np.ones(2), root=-1)):
+        for call in (
+            lambda: group.reduce_scatter_sum(np.float32(1.0)),
+            lambda: group.reduce_scatter_mean(np.arange(4)),
+            lambda: group.all_reduce_sum(np.ones(2, bool)),
+            lambda: group.broadcast(np.ones(2), root=-1),
+        ):
             try:
                 call()
             except EveryODistributedError as exc:
@@ -198,7 +206,7 @@ def test_tcp_broadcast_and_all_gather_are_rings_streamed_in_segments(monkeypatch
     from everyo.distributed.tcp import wire
     from test_tcp_collectives import run_in_threads
 
-    monkeypatch.setattr(tcp, "_SEGMENT_BYTES", 4096)   # 100_003 float32 -> 98 segments per broadcast
+    monkeypatch.setattr(tcp, "_SEGMENT_BYTES", 4096)  # 100_003 float32 -> 98 segments per broadcast
     sent, lock, real_transfer = [], threading.Lock(), wire.transfer
 
     def recording_transfer(socks, outgoing, incoming, *args):
@@ -227,7 +235,7 @@ def test_tcp_broadcast_and_all_gather_are_rings_streamed_in_segments(monkeypatch
     # all-gather: each rank sends only to the next; reduce-scatter: everyone sends each owner its block.
     array, block = 100_003 * 4, 5000 * 4
     assert payload[1, 2] == array + 2 * block + 33_334 * 4
-    assert payload[2, 0] == array + 2 * block + 33_335 * 4    # rows split 33_335 / 33_334 / 33_334
+    assert payload[2, 0] == array + 2 * block + 33_335 * 4  # rows split 33_335 / 33_334 / 33_334
     assert payload[0, 1] == 0 + 2 * block + 33_334 * 4
     assert payload.get((1, 0), 0) == 33_335 * 4 and payload.get((2, 1), 0) == 33_334 * 4
     assert payload.get((0, 2), 0) == 33_334 * 4

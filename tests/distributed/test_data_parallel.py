@@ -1,4 +1,5 @@
 """Data-parallel training matches one-process training (the spec's worker example)."""
+
 from types import SimpleNamespace
 
 import numpy as np
@@ -19,7 +20,7 @@ def one_process(inputs, targets, steps=STEPS):
 @pytest.fixture(scope="module")
 def data():
     rng = np.random.default_rng(0)
-    inputs = rng.standard_normal((384, 16)).astype(np.float32)   # 384 = 2 * 192 = 3 * 128
+    inputs = rng.standard_normal((384, 16)).astype(np.float32)  # 384 = 2 * 192 = 3 * 128
     targets = np.sin(inputs[:, :1] * 2).astype(np.float32)
     return inputs, targets
 
@@ -35,10 +36,12 @@ def test_spec_worker_matches_one_process(data, world_size, recwarn):
         for a, b in zip(results[0], other):
             assert a.tobytes() == b.tobytes()
     # Same arithmetic as one big batch, up to float32 rounding of a different summation order.
-    moved = max(float(np.abs(ref - start.data).max())
-                for ref, start in zip(reference, shm_workers.build_spec_model().parameters()))
+    moved = max(
+        float(np.abs(ref - start.data).max())
+        for ref, start in zip(reference, shm_workers.build_spec_model().parameters())
+    )
     drift = max(float(np.abs(a - ref).max()) for a, ref in zip(results[0], reference))
-    assert moved > 1e-2          # training really changed the weights
+    assert moved > 1e-2  # training really changed the weights
     assert drift < 1e-5
     assert all(a.dtype == np.float32 for a in results[0])
 
@@ -68,15 +71,17 @@ def test_average_gradients_is_one_collective_and_identity_on_one_rank():
     n_params = len(before)
     assert sent.size == sum(g.size for g in before) + n_params
     assert sent.dtype == np.float32
-    np.testing.assert_array_equal(sent[-n_params:], np.ones(n_params))   # presence flags
+    np.testing.assert_array_equal(sent[-n_params:], np.ones(n_params))  # presence flags
     for p, g in zip(model.parameters(), before):
         assert p.grad.dtype == g.dtype and p.grad.shape == g.shape
         np.testing.assert_array_equal(p.grad, g)
 
 
 def test_average_gradients_mixed_dtypes_round_once_per_parameter():
-    params = [SimpleNamespace(data=np.zeros(3, np.float16), grad=np.array([1, 2, 3], np.float16)),
-              SimpleNamespace(data=np.zeros(2, np.float64), grad=np.array([0.1, 1e-300]))]
+    params = [
+        SimpleNamespace(data=np.zeros(3, np.float16), grad=np.array([1, 2, 3], np.float16)),
+        SimpleNamespace(data=np.zeros(2, np.float64), grad=np.array([0.1, 1e-300])),
+    ]
     group = RecordingGroup()
     average_gradients(params, group)
     assert group.calls[0].dtype == np.float64

@@ -4,6 +4,7 @@ Each rank builds its model from a different seed, so only DDP's broadcast of
 rank 0's weights makes the runs comparable; the batches come from
 DistributedSampler. MPI ranks run this file as a program (``python test_ddp.py OUT``).
 """
+
 import os
 import signal
 import subprocess
@@ -33,9 +34,14 @@ def run_mpi(tmp_path, world=WORLD):
     from everyo.distributed_mpi import find_mpiexec
 
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-    proc = subprocess.Popen([find_mpiexec(), "-n", str(world), sys.executable, __file__, str(tmp_path)],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        [find_mpiexec(), "-n", str(world), sys.executable, __file__, str(tmp_path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+        start_new_session=True,
+    )
     try:
         output, _ = proc.communicate(timeout=180)
     except subprocess.TimeoutExpired:
@@ -68,15 +74,20 @@ def backends(tmp_path_factory):
 
     tcp, errors, _ = run_in_threads(WORLD, ddp_workers.battery, join_timeout=120)
     assert errors == [None] * WORLD, errors
-    return {"shm": spawn(ddp_workers.battery, WORLD, timeout=120), "tcp": tcp,
-            "mpi": run_mpi(tmp_path_factory.mktemp("ddp_mpi"))}
+    return {
+        "shm": spawn(ddp_workers.battery, WORLD, timeout=120),
+        "tcp": tcp,
+        "mpi": run_mpi(tmp_path_factory.mktemp("ddp_mpi")),
+    }
 
 
 @pytest.mark.parametrize("backend", ["shm", "tcp", "mpi"])
 def test_training_matches_one_process_and_ranks_are_bit_identical(backends, one_process, backend):
     results = backends[backend]
     assert set(results[0]) == set(one_process)
-    assert any(k.startswith("transformer|") for k in one_process) and any(k.startswith("accumulate|") for k in one_process)
+    assert any(k.startswith("transformer|") for k in one_process) and any(
+        k.startswith("accumulate|") for k in one_process
+    )
     for key, want in one_process.items():
         for rank in range(WORLD):
             got = results[rank][key]
@@ -102,7 +113,7 @@ def test_buckets_start_before_backward_ends_and_average_exactly():
 
     results = spawn(ddp_workers.overlap, WORLD, timeout=60)
     for r in results:
-        assert r["buckets"] == r["calls"] == 4   # [out bias+weight, mid bias], [mid weight], [in bias], [in weight]
+        assert r["buckets"] == r["calls"] == 4  # [out bias+weight, mid bias], [mid weight], [in bias], [in weight]
         # Buckets go in reverse parameter order as their gradients complete: the later layers'
         # were being averaged while backward still had the first layer to do.
         assert r["started_during_backward"], r
@@ -111,7 +122,7 @@ def test_buckets_start_before_backward_ends_and_average_exactly():
 
     model = ddp_workers.build("mlp", seed=0)
     x, y = ddp_workers.data("mlp")
-    ddp_workers.loss_of(model, x[:32], y[:32]).backward()   # every rank used the same 32 rows
+    ddp_workers.loss_of(model, x[:32], y[:32]).backward()  # every rank used the same 32 rows
     for i, (got, p) in enumerate(zip(results[0]["grads"], model.parameters())):
         np.testing.assert_allclose(got, p.grad, rtol=0, atol=1e-7)
         assert got.tobytes() == results[1]["grads"][i].tobytes()
@@ -127,7 +138,7 @@ def test_unused_parameters_are_averaged_as_zeros_or_stay_none_everywhere():
         # Rank 0's gradient for `extra`, plus rank 1's zero, over two ranks.
         np.testing.assert_array_equal(r["extra.weight"], np.full((4, 1), 0.5, np.float32))
         np.testing.assert_array_equal(r["extra.bias"], np.full((1,), 0.5, np.float32))
-        np.testing.assert_array_equal(r["body.weight"], np.full((4, 1), 1.5, np.float32))   # mean of 1 and 2
+        np.testing.assert_array_equal(r["body.weight"], np.full((4, 1), 1.5, np.float32))  # mean of 1 and 2
     assert all(results[0][k] is None or results[0][k].tobytes() == results[1][k].tobytes() for k in results[0])
 
 
@@ -178,7 +189,7 @@ def test_autocast_and_grad_scaler_take_the_same_skip_decision_on_every_rank():
     results = spawn(ddp_workers.train_amp, WORLD, timeout=120)
     reference = ddp_workers.train(None, "mlp", amp=True)
     for r in results:
-        assert r["applied"] == [True, True, False, True, True, True]   # rank 1's inf at step 2 skips it everywhere
+        assert r["applied"] == [True, True, False, True, True, True]  # rank 1's inf at step 2 skips it everywhere
         assert all(a.tobytes() == b.tobytes() for a, b in zip(r["params"], results[0]["params"]))
     # The skipped step aside, the one-process run applied every step; compare with the first two steps' state
     # only through the decisions, and check the distributed run still trains sensibly.

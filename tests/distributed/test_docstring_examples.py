@@ -1,4 +1,5 @@
 """Every docstring example in everyo.distributed (and its TCP and MPI backends) runs as written (doctest)."""
+
 import pytest
 
 from everyo.testing import run_docstring_examples
@@ -15,6 +16,11 @@ def test_every_name_in_distributeds_all_has_a_docstring():
     import inspect
 
     module = importlib.import_module("everyo.distributed")
-    missing = [n for n in module.__all__ if callable(getattr(module, n)) and not inspect.ismodule(getattr(module, n))
-               and not ((getattr(module, n).__doc__ or "").strip())]
+    missing = [
+        n
+        for n in module.__all__
+        if callable(getattr(module, n))
+        and not inspect.ismodule(getattr(module, n))
+        and not ((getattr(module, n).__doc__ or "").strip())
+    ]
     assert missing == []

@@ -1,4 +1,5 @@
 """The package layout: one protocol module, one folder per backend, shared memory loaded only on use."""
+
 import subprocess
 import sys
 import textwrap
@@ -7,8 +8,16 @@ import pytest
 
 from everyo.distributed import ProcessGroup
 
-PUBLIC = ("all_reduce_sum", "all_reduce_mean", "broadcast", "all_gather", "reduce_scatter_sum",
-          "reduce_scatter_mean", "barrier", "close")
+PUBLIC = (
+    "all_reduce_sum",
+    "all_reduce_mean",
+    "broadcast",
+    "all_gather",
+    "reduce_scatter_sum",
+    "reduce_scatter_mean",
+    "barrier",
+    "close",
+)
 
 
 def run(code):
@@ -73,4 +82,5 @@ def test_the_facades_expose_the_spec_names():
     assert {"init_mpi_process_group", "MPIProcessGroup", "find_mpiexec"} <= set(dir(dm))
     with pytest.raises(AttributeError):
         import everyo.distributed as d
+
         d.no_such_name

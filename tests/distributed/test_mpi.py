@@ -4,6 +4,7 @@ The MPI ranks run this file as a program (``python test_mpi.py train|battery OUT
 and write their results with ``numpy.savez`` (no pickle); the tests read them
 back and compare. Skipped, with the reason, only when mpi4py is not installed.
 """
+
 import json
 import os
 import signal
@@ -37,20 +38,28 @@ def edge_cases():
     for dtype in (np.float32, np.float64):
         info = np.finfo(dtype)
         rng = np.random.default_rng(0)
-        plain = np.concatenate([
-            rng.standard_normal(2000),
-            rng.standard_normal(2000) * info.tiny * 4,                        # near the subnormal range
-            rng.standard_normal(200) * info.smallest_subnormal * 7,           # subnormals
-            rng.standard_normal(2000) * 2.0 ** rng.integers(info.minexp - 20, info.maxexp - 2, 2000),
-        ]).astype(dtype)
-        special = np.concatenate([plain, np.full(10, info.max * 0.75, dtype),   # sums overflow, means do not
-                                  np.array([np.inf, -np.inf, np.nan, 0.0, -0.0], dtype)])
+        plain = np.concatenate(
+            [
+                rng.standard_normal(2000),
+                rng.standard_normal(2000) * info.tiny * 4,  # near the subnormal range
+                rng.standard_normal(200) * info.smallest_subnormal * 7,  # subnormals
+                rng.standard_normal(2000) * 2.0 ** rng.integers(info.minexp - 20, info.maxexp - 2, 2000),
+            ]
+        ).astype(dtype)
+        special = np.concatenate(
+            [
+                plain,
+                np.full(10, info.max * 0.75, dtype),  # sums overflow, means do not
+                np.array([np.inf, -np.inf, np.nan, 0.0, -0.0], dtype),
+            ]
+        )
         for name, base in (("plain", plain), ("special", special)):
             cases[f"{np.dtype(dtype).name}|{name}"] = (base, base[::-1].copy())
     return cases
 
 
 # -- what each MPI rank runs ---------------------------------------------------------------------
+
 
 def child(mode, out_dir):
     from everyo.distributed_mpi import MPIProcessGroup, init_mpi_process_group
@@ -76,7 +85,7 @@ def child(mode, out_dir):
         arrays["barrier"] = np.array(result["barrier"])
         errors = dict(result["errors"])
         try:
-            group.all_reduce_sum(np.ones(5 + group.rank, np.float32))   # sizes 5, 6, 7
+            group.all_reduce_sum(np.ones(5 + group.rank, np.float32))  # sizes 5, 6, 7
         except Exception as exc:  # noqa: BLE001 - recorded for the test
             errors["mismatch"] = f"{type(exc).__name__}: {exc}"
         arrays["errors"] = np.array(json.dumps(errors))
@@ -86,19 +95,24 @@ def child(mode, out_dir):
 
 # -- the tests ----------------------------------------------------------------------------------
 
+
 def run_mpi(world_size, mode, tmp_path):
     pytest.importorskip("mpi4py", reason="mpi4py is not installed: pip install everyo-distributed[mpi]")
     mpiexec = find_mpiexec()
     assert mpiexec, "mpi4py is installed but no mpiexec was found on PATH or beside the Python executable"
-    env = {**os.environ, "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-    proc = subprocess.Popen([mpiexec, "-n", str(world_size), sys.executable, __file__, mode, str(tmp_path)],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-                            start_new_session=True)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    proc = subprocess.Popen(
+        [mpiexec, "-n", str(world_size), sys.executable, __file__, mode, str(tmp_path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+        start_new_session=True,
+    )
     try:
         output, _ = proc.communicate(timeout=120)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)   # mpiexec and every rank: nothing left behind
+        os.killpg(proc.pid, signal.SIGKILL)  # mpiexec and every rank: nothing left behind
         proc.communicate()
         raise
     assert proc.returncode == 0, f"mpiexec exited with {proc.returncode}:\n{output[-4000:]}"
@@ -113,7 +127,7 @@ def run_mpi(world_size, mode, tmp_path):
 def test_missing_mpi4py_gives_the_install_hint(monkeypatch):
     import everyo.distributed_mpi as dm
 
-    monkeypatch.setitem(sys.modules, "mpi4py", None)   # makes `from mpi4py import MPI` fail
+    monkeypatch.setitem(sys.modules, "mpi4py", None)  # makes `from mpi4py import MPI` fail
     with pytest.raises(ImportError, match=r"pip install everyo-distributed\[mpi\]"):
         dm.init_mpi_process_group()
 
@@ -125,12 +139,11 @@ def test_spec_training_under_mpiexec_matches_one_process(tmp_path):
     ranks = run_mpi(2, "train", tmp_path)
     weights = [[r[f"w{i}"] for i in range(len(r) - 1)] for r in ranks]
     for a, b in zip(*weights):
-        assert a.tobytes() == b.tobytes()                       # both ranks end bit-identical
+        assert a.tobytes() == b.tobytes()  # both ranks end bit-identical
     inputs, targets = training_data()
     reference = one_process(inputs, targets, TRAIN_STEPS)
     drift = max(float(np.abs(a - r).max()) for a, r in zip(weights[0], reference))
-    moved = max(float(np.abs(r - p.data).max())
-                for r, p in zip(reference, shm_workers.build_spec_model().parameters()))
+    moved = max(float(np.abs(r - p.data).max()) for r, p in zip(reference, shm_workers.build_spec_model().parameters()))
     assert moved > 1e-2 and drift < 1e-5
     # With two ranks a float64 sum does not depend on the order, so MPI gives the shared-memory bits.
     shm = spawn(shm_workers.spec_worker, 2, args=(inputs, targets, TRAIN_STEPS), timeout=120)
@@ -167,7 +180,7 @@ def test_collectives_under_mpiexec_match_numpy(battery, dtype):
                 assert r[name].dtype == np.dtype(dtype) and r[name].shape == (size,)
                 # Alltoallv + rank-order reduction: the same bits as the other backends, with 3 ranks too.
                 assert r[name].tobytes() == expected.tobytes(), name
-                assert r[name].tobytes() == battery[0][name].tobytes()     # every rank, same bits
+                assert r[name].tobytes() == battery[0][name].tobytes()  # every rank, same bits
             bcast = f"bcast|{dtype}|{size}"
             assert all(r[bcast].tobytes() == rank_data(size % 3, dtype, size).tobytes() for r in battery)
 
@@ -209,8 +222,14 @@ def test_an_uncaught_exception_on_one_rank_aborts_the_whole_job(tmp_path):
     script.write_text(RAISES)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
     start = time.monotonic()
-    proc = subprocess.Popen([find_mpiexec(), "-n", "2", sys.executable, str(script)], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True)
+    proc = subprocess.Popen(
+        [find_mpiexec(), "-n", "2", sys.executable, str(script)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+        start_new_session=True,
+    )
     try:
         output, _ = proc.communicate(timeout=30)
     except subprocess.TimeoutExpired:

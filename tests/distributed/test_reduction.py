@@ -4,6 +4,7 @@ The reduction has shortcuts (two ranks: one addition in the input dtype;
 power-of-two ranks: multiply instead of divide) that must give exactly the
 bits of float64 accumulation in rank order, rounded once. No processes here.
 """
+
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -24,16 +25,38 @@ def float64_reference(inputs, op):
 def edge_values(dtype):
     info = np.finfo(dtype)
     tiny, sub = info.tiny, info.smallest_subnormal
-    values = [0.0, -0.0, 1.0, -1.0, info.max, -info.max, info.max / 2, tiny, -tiny, tiny * 2, sub, -sub,
-              sub * 3, tiny - sub, np.inf, -np.inf, np.nan, 1.0 + info.eps, 2.0 ** (info.nmant + 1),
-              1.0 / 3, info.eps / 2, 1e-3, 12345.678]
+    values = [
+        0.0,
+        -0.0,
+        1.0,
+        -1.0,
+        info.max,
+        -info.max,
+        info.max / 2,
+        tiny,
+        -tiny,
+        tiny * 2,
+        sub,
+        -sub,
+        sub * 3,
+        tiny - sub,
+        np.inf,
+        -np.inf,
+        np.nan,
+        1.0 + info.eps,
+        2.0 ** (info.nmant + 1),
+        1.0 / 3,
+        info.eps / 2,
+        1e-3,
+        12345.678,
+    ]
     return np.array(values, dtype=dtype)
 
 
 def assert_same_bits(got, expected):
     assert got.dtype == expected.dtype and got.shape == expected.shape
-    np.testing.assert_array_equal(got, expected)                       # NaN == NaN here
-    np.testing.assert_array_equal(np.signbit(got), np.signbit(expected))   # -0.0 vs 0.0
+    np.testing.assert_array_equal(got, expected)  # NaN == NaN here
+    np.testing.assert_array_equal(np.signbit(got), np.signbit(expected))  # -0.0 vs 0.0
 
 
 @pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
@@ -49,8 +72,7 @@ def test_every_pair_of_edge_values(dtype, world, op):
         assert_same_bits(reduce_in_rank_order(inputs, op), float64_reference(inputs, op))
         # Longer, with edge values straddling the block edges.
         long_inputs = [np.tile(x, 13) for x in inputs]
-        assert_same_bits(reduce_in_rank_order(long_inputs, op, block=1000),
-                         float64_reference(long_inputs, op))
+        assert_same_bits(reduce_in_rank_order(long_inputs, op, block=1000), float64_reference(long_inputs, op))
 
 
 @settings(max_examples=20, deadline=None)
@@ -61,8 +83,9 @@ def test_two_rank_float32_mean_on_wide_ranges(seed, exponent_range):
     n = 6000
     exponents = rng.integers(-150 + exponent_range, 128 - exponent_range, size=(2, n))
     with np.errstate(all="ignore"):
-        inputs = [(rng.uniform(-2, 2, n) * np.exp2(exponents[r].astype(np.float64))).astype(np.float32)
-                  for r in range(2)]
+        inputs = [
+            (rng.uniform(-2, 2, n) * np.exp2(exponents[r].astype(np.float64))).astype(np.float32) for r in range(2)
+        ]
         assert_same_bits(reduce_in_rank_order(inputs, "mean", block=2048), float64_reference(inputs, "mean"))
 
 
@@ -74,8 +97,12 @@ def test_two_rank_mean_with_aliased_output():
 
 
 @settings(max_examples=60, deadline=None)
-@given(data=st.data(), dtype=st.sampled_from(["float16", "float32", "float64"]),
-       world=st.integers(1, 5), op=st.sampled_from(["sum", "mean"]))
+@given(
+    data=st.data(),
+    dtype=st.sampled_from(["float16", "float32", "float64"]),
+    world=st.integers(1, 5),
+    op=st.sampled_from(["sum", "mean"]),
+)
 def test_random_arrays(data, dtype, world, op):
     n = data.draw(st.integers(0, 300))
     seed = data.draw(st.integers(0, 2**32 - 1))
@@ -88,16 +115,15 @@ def test_random_arrays(data, dtype, world, op):
 
 
 def test_float64_accumulation_beats_input_dtype_accumulation():
-    inputs = [np.array([1.0], np.float32), np.array([2.0**30], np.float32), np.array([-2.0**30], np.float32)]
-    assert reduce_in_rank_order(inputs, "sum")[0] == 1.0          # float32 running sum: 0.0
+    inputs = [np.array([1.0], np.float32), np.array([2.0**30], np.float32), np.array([-(2.0**30)], np.float32)]
+    assert reduce_in_rank_order(inputs, "sum")[0] == 1.0  # float32 running sum: 0.0
 
 
 @pytest.mark.parametrize("dtype", ["int8", "int32", "int64", "uint8", "uint64"])
 def test_integers_sum_exactly_in_64_bits(dtype):
     info = np.iinfo(dtype)
-    inputs = [np.array([info.max, 1, info.min], dtype), np.array([0, 2, 0], dtype),
-              np.array([0, 3, 0], dtype)]
-    expected = (inputs[0].astype(object) + inputs[1].astype(object) + inputs[2].astype(object))
+    inputs = [np.array([info.max, 1, info.min], dtype), np.array([0, 2, 0], dtype), np.array([0, 3, 0], dtype)]
+    expected = inputs[0].astype(object) + inputs[1].astype(object) + inputs[2].astype(object)
     got = reduce_in_rank_order(inputs, "sum")
     assert got.dtype == np.dtype(dtype)
     assert got.tolist() == [int(v) for v in expected]

@@ -1,4 +1,5 @@
 """DistributedSampler: N ranks' batches put together are one process's global batches."""
+
 from types import SimpleNamespace
 
 import numpy as np
@@ -13,23 +14,30 @@ def samplers(n, world, **kwargs):
 
 
 @settings(max_examples=150, deadline=None)
-@given(n=st.integers(0, 300), world=st.integers(1, 5), per_rank=st.integers(1, 9), seed=st.integers(0, 3),
-       epoch=st.integers(0, 3), shuffle=st.booleans(), drop_last=st.booleans())
+@given(
+    n=st.integers(0, 300),
+    world=st.integers(1, 5),
+    per_rank=st.integers(1, 9),
+    seed=st.integers(0, 3),
+    epoch=st.integers(0, 3),
+    shuffle=st.booleans(),
+    drop_last=st.booleans(),
+)
 def test_rank_batches_together_are_the_global_batches(n, world, per_rank, seed, epoch, shuffle, drop_last):
     ranks = samplers(n, world, seed=seed, shuffle=shuffle, drop_last=drop_last)
     for s in ranks:
         s.set_epoch(epoch)
     order = ranks[0].global_order()
-    assert all(np.array_equal(s.global_order(), order) for s in ranks)    # no communication needed
+    assert all(np.array_equal(s.global_order(), order) for s in ranks)  # no communication needed
     lists = [list(s) for s in ranks]
-    assert len({len(x) for x in lists}) == 1 and len(lists[0]) == len(ranks[0])   # same step count everywhere
+    assert len({len(x) for x in lists}) == 1 and len(lists[0]) == len(ranks[0])  # same step count everywhere
     global_batch = per_rank * world
     for k, start in enumerate(range(0, len(lists[0]), per_rank)):
-        together = sorted(i for x in lists for i in x[start:start + per_rank])
-        assert together == sorted(order[k * global_batch:(k + 1) * global_batch].tolist())
-        assert len({len(x[start:start + per_rank]) for x in lists}) == 1    # equal shares: means average exactly
+        together = sorted(i for x in lists for i in x[start : start + per_rank])
+        assert together == sorted(order[k * global_batch : (k + 1) * global_batch].tolist())
+        assert len({len(x[start : start + per_rank]) for x in lists}) == 1  # equal shares: means average exactly
     if n % world == 0:
-        assert sorted(order.tolist()) == list(range(n))       # exactly one process's epoch
+        assert sorted(order.tolist()) == list(range(n))  # exactly one process's epoch
     elif drop_last:
         assert len(order) == n - n % world and len(set(order.tolist())) == len(order)
     else:

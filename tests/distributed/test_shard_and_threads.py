@@ -1,4 +1,5 @@
 """shard_indices properties, and the BLAS thread count spawn gives its workers."""
+
 import os
 import warnings
 
@@ -16,7 +17,7 @@ import shm_workers
 def test_shards_are_disjoint_covering_balanced_and_deterministic(n, world_size):
     shards = [shard_indices(n, r, world_size) for r in range(world_size)]
     joined = np.concatenate(shards)
-    np.testing.assert_array_equal(joined, np.arange(n))      # covering, disjoint, in rank order
+    np.testing.assert_array_equal(joined, np.arange(n))  # covering, disjoint, in rank order
     lengths = [len(s) for s in shards]
     assert max(lengths) - min(lengths) <= 1
     again = [shard_indices(n, r, world_size) for r in range(world_size)]
@@ -29,12 +30,15 @@ def test_shard_example_and_indexing():
     assert rows[shard_indices(10, 2, 3)].tolist() == [[14, 15], [16, 17], [18, 19]]
 
 
-@pytest.mark.parametrize("args, match", [
-    ((10, 3, 3), "rank 3 is outside 0..2"),
-    ((10, -1, 3), "rank -1 is outside"),
-    ((10, 0, 0), "world_size must be >= 1"),
-    ((-1, 0, 1), "n must be >= 0"),
-])
+@pytest.mark.parametrize(
+    "args, match",
+    [
+        ((10, 3, 3), "rank 3 is outside 0..2"),
+        ((10, -1, 3), "rank -1 is outside"),
+        ((10, 0, 0), "world_size must be >= 1"),
+        ((-1, 0, 1), "n must be >= 0"),
+    ],
+)
 def test_shard_errors(args, match):
     with pytest.raises(ValueError, match=match):
         shard_indices(*args)
@@ -70,14 +74,14 @@ def test_workers_start_with_the_thread_count_and_the_parent_env_is_restored(monk
     for name in THREAD_VARIABLES:
         monkeypatch.delenv(name, raising=False)
     with warnings.catch_warnings():
-        warnings.simplefilter("error")   # 2 workers: no oversubscription warning on >= 2 cores
+        warnings.simplefilter("error")  # 2 workers: no oversubscription warning on >= 2 cores
         if available_cores() < 2:
             warnings.simplefilter("ignore")
         results = spawn(shm_workers.thread_env, 2, timeout=60)
     expected = str(max(1, available_cores() // 2))
     for env, blas_threads in results:
         assert env["OMP_NUM_THREADS"] == env["OPENBLAS_NUM_THREADS"] == expected
-        assert blas_threads and set(blas_threads) == {int(expected)}   # the BLAS really uses it
+        assert blas_threads and set(blas_threads) == {int(expected)}  # the BLAS really uses it
     assert not any(name in os.environ for name in THREAD_VARIABLES)
 
 

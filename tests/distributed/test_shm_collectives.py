@@ -1,4 +1,5 @@
 """The shared-memory group's collectives against a NumPy reference (one spawn, three ranks)."""
+
 import warnings
 
 import numpy as np
@@ -77,7 +78,7 @@ def test_other_inputs(battery):
 
 
 def test_broadcast_of_bool(battery):
-    expected = np.array([True, False]) ^ True    # rank 1's array
+    expected = np.array([True, False]) ^ True  # rank 1's array
     for result in battery:
         np.testing.assert_array_equal(result["bool_bcast"], expected)
 

@@ -5,6 +5,7 @@ test. ``timeout=60`` on the spawns below is only a safety net: the failures
 must be reported long before it (a test that reached it would fail on the
 message, since a timeout names different things).
 """
+
 import os
 import signal
 import subprocess
@@ -115,10 +116,13 @@ def test_unpicklable_worker_is_a_clear_error():
         spawn(lambda group: None, 2)
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    ({"world_size": 0}, "world_size must be a positive int"),
-    ({"world_size": 2, "timeout": 0}, "timeout must be positive"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"world_size": 0}, "world_size must be a positive int"),
+        ({"world_size": 2, "timeout": 0}, "timeout must be positive"),
+    ],
+)
 def test_bad_arguments(kwargs, match):
     with pytest.raises(ValueError, match=match):
         spawn(shm_workers.thread_env, **kwargs)
@@ -148,8 +152,9 @@ def test_no_resource_tracker_warning_and_no_segment_after_the_interpreter_exits(
     script.write_text(SCRIPT)
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(__file__)] + sys.path)
-    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env)
+    proc = subprocess.Popen(
+        [sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+    )
     stdout, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 0, stderr
     assert stdout.split("\n")[:2] == ["raised EveryODistributedError"] * 2
@@ -173,14 +178,15 @@ def start_looping_parent(tmp_path):
     script.write_text(INTERRUPTED_SCRIPT)
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(__file__)] + sys.path)
-    proc = subprocess.Popen([sys.executable, str(script), str(tmp_path)], stderr=subprocess.PIPE,
-                            text=True, env=env, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, str(script), str(tmp_path)], stderr=subprocess.PIPE, text=True, env=env, start_new_session=True
+    )
     pid_files = [tmp_path / f"rank{r}.pid" for r in range(2)]
     deadline = time.monotonic() + 60
     while not all(p.exists() and p.read_text() for p in pid_files):
         assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()
         time.sleep(0.05)
-    time.sleep(0.2)   # the workers are now inside their collective loop
+    time.sleep(0.2)  # the workers are now inside their collective loop
     return proc, [int(p.read_text()) for p in pid_files]
 
 
@@ -196,7 +202,7 @@ def wait_until_gone(pids, seconds=10):
 def _alive(pid):
     try:
         with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] != "Z"   # a zombie has exited
+            return f.read().split(")")[-1].split()[0] != "Z"  # a zombie has exited
     except FileNotFoundError:
         return False
 
@@ -239,12 +245,12 @@ def test_a_retained_spawn_exception_holds_no_file_descriptors():
     import gc
 
     kept = []
-    spawn_error(shm_workers.raises_on_rank_1)   # warm-up: the resource tracker's own pipe opens once
+    spawn_error(shm_workers.raises_on_rank_1)  # warm-up: the resource tracker's own pipe opens once
     gc.collect()
     before = len(os.listdir("/proc/self/fd"))
     for _ in range(3):
         error, _ = spawn_error(shm_workers.raises_on_rank_1)
-        kept.append(error)           # with its traceback, which references spawn's frame
+        kept.append(error)  # with its traceback, which references spawn's frame
     gc.collect()
     assert len(os.listdir("/proc/self/fd")) == before
     assert all(e.__traceback__ is not None for e in kept)
@@ -253,8 +259,13 @@ def test_a_retained_spawn_exception_holds_no_file_descriptors():
 def test_concurrent_spawns_restore_the_parents_environment(monkeypatch):
     import threading
 
-    for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "BLIS_NUM_THREADS",
-                 "VECLIB_MAXIMUM_THREADS"):
+    for name in (
+        "OMP_NUM_THREADS",
+        "OPENBLAS_NUM_THREADS",
+        "MKL_NUM_THREADS",
+        "BLIS_NUM_THREADS",
+        "VECLIB_MAXIMUM_THREADS",
+    ):
         monkeypatch.delenv(name, raising=False)
     results = []
     threads = [threading.Thread(target=lambda: results.append(spawn(shm_workers.thread_env, 1))) for _ in range(4)]

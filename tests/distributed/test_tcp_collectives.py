@@ -5,6 +5,7 @@ fast); the training test runs them as processes started by
 ``everyo.distributed.spawn``, which rank 0 also uses to tell the others the
 port its rendezvous server picked.
 """
+
 import socket
 import threading
 import time
@@ -30,11 +31,13 @@ def run_in_threads(world_size, body, *, timeout=20.0, tokens=None, server_token=
     """
     results, errors = [None] * world_size, [None] * world_size
     with TCPRendezvousServer(port=0, world_size=world_size, token=server_token) as server:
+
         def rank_main(rank):
             try:
                 token = None if tokens is None else tokens[rank]
-                with init_tcp_process_group("127.0.0.1", server.port, rank, world_size,
-                                            timeout=timeout, token=token) as group:
+                with init_tcp_process_group(
+                    "127.0.0.1", server.port, rank, world_size, timeout=timeout, token=token
+                ) as group:
                     results[rank] = body(group)
             except BaseException as exc:  # noqa: B902 - reported to the test
                 errors[rank] = exc
@@ -77,12 +80,12 @@ def test_sum_mean_broadcast_match_numpy_and_agree_bitwise(battery, dtype, size):
 
 def test_float64_accumulation_shape_bool_and_local_errors(battery):
     for result in battery:
-        assert result["cancel32"] == 1.0 and result["cancel16"] == 1.0   # float32 accumulation would give 0
+        assert result["cancel32"] == 1.0 and result["cancel16"] == 1.0  # float32 accumulation would give 0
         np.testing.assert_array_equal(result["matrix_sum"], np.arange(12, dtype=np.float32).reshape(3, 4) * 6)
         np.testing.assert_array_equal(result["bool_bcast"], np.array([True, False]) ^ True)
         assert {"int_mean", "bool_sum", "bad_root"} <= set(result["errors"])
         assert "would truncate" in result["errors"]["int_mean"]
-        assert result["after"].tolist() == [0 + 1 + 2]   # refused calls did not break the group
+        assert result["after"].tolist() == [0 + 1 + 2]  # refused calls did not break the group
 
 
 def test_barrier_waits_for_the_slowest_rank(battery):
@@ -92,8 +95,9 @@ def test_barrier_waits_for_the_slowest_rank(battery):
 
 
 def test_world_size_one():
-    results, errors, _ = run_in_threads(1, lambda g: (g.all_reduce_mean(np.arange(4.0)), g.broadcast(np.ones(2)),
-                                                      g.barrier(), g.rank, g.world_size))
+    results, errors, _ = run_in_threads(
+        1, lambda g: (g.all_reduce_mean(np.arange(4.0)), g.broadcast(np.ones(2)), g.barrier(), g.rank, g.world_size)
+    )
     assert errors == [None]
     mean, bcast, _, rank, world = results[0]
     assert mean.tolist() == [0, 1, 2, 3] and bcast.tolist() == [1, 1] and (rank, world) == (0, 1)
@@ -120,6 +124,7 @@ def test_the_server_forms_one_group_after_another():
 
 def test_data_moves_point_to_point_not_through_rank_0():
     """With 3 ranks, ranks 1 and 2 hold a connection to each other and the server holds none."""
+
     def body(group):
         peers = sorted(group._socks)
         local = {group._socks[p].getsockname()[1] for p in peers}
@@ -141,9 +146,12 @@ def test_streamed_segments_match_numpy(monkeypatch, world):
     cases = [("float32", 70_001), ("float64", 33_337), ("int64", 20_011), ("float16", 90_001)]
 
     def body(group):
-        return {(dtype, n, op): getattr(group, op)(rank_data(group.rank, dtype, n))
-                for dtype, n in cases for op in ("all_reduce_sum", "all_reduce_mean")
-                if op == "all_reduce_sum" or np.dtype(dtype).kind == "f"}
+        return {
+            (dtype, n, op): getattr(group, op)(rank_data(group.rank, dtype, n))
+            for dtype, n in cases
+            for op in ("all_reduce_sum", "all_reduce_mean")
+            if op == "all_reduce_sum" or np.dtype(dtype).kind == "f"
+        }
 
     results, errors, _ = run_in_threads(world, body)
     assert errors == [None] * world, errors
@@ -155,11 +163,12 @@ def test_streamed_segments_match_numpy(monkeypatch, world):
 
 def test_large_results_are_recycled_only_once_dropped():
     """The last large result's memory is reused when the caller let it go, never while it is held."""
+
     def body(group):
-        x = np.full(600_000, group.rank + 1.0, np.float32)      # 2.4 MB: above the recycling size
+        x = np.full(600_000, group.rank + 1.0, np.float32)  # 2.4 MB: above the recycling size
         held = group.all_reduce_sum(x)
         view_of_held = held[10:20]
-        second = group.all_reduce_sum(x * 2)                    # `held` is alive: must not be overwritten
+        second = group.all_reduce_sum(x * 2)  # `held` is alive: must not be overwritten
         intact = bool((held == 3).all() and (view_of_held == 3).all()) and not np.shares_memory(held, second)
         second_ok = bool((second == 6).all())
         second_address = second.__array_interface__["data"][0]
@@ -173,6 +182,7 @@ def test_large_results_are_recycled_only_once_dropped():
 
 
 # -- the spec's training example through TCP ----------------------------------------------------
+
 
 def tcp_spec_worker(shm_group, inputs, targets, steps):
     """Rank 0 starts the rendezvous server; the shared-memory group only carries its port."""
@@ -198,7 +208,7 @@ def test_spec_training_through_tcp_matches_one_process_and_shared_memory(recwarn
     reference = one_process(inputs, targets, steps)
     tcp = spawn(tcp_spec_worker, 2, args=(inputs, targets, steps), timeout=120)
     for a, b in zip(tcp[0], tcp[1]):
-        assert a.tobytes() == b.tobytes()                # every rank ends bit-identical
+        assert a.tobytes() == b.tobytes()  # every rank ends bit-identical
     moved = max(float(np.abs(r - p.data).max()) for r, p in zip(reference, shm_workers.build_spec_model().parameters()))
     drift = max(float(np.abs(a - r).max()) for a, r in zip(tcp[0], reference))
     assert moved > 1e-2 and drift < 1e-5
@@ -208,6 +218,7 @@ def test_spec_training_through_tcp_matches_one_process_and_shared_memory(recwarn
 
 
 # -- wire format -------------------------------------------------------------------------------
+
 
 def test_header_round_trip_and_bounds():
     raw = wire.pack_header(wire.DATA, 12, op=1, dtype=2, root=-1, seq=7, count=3)

@@ -3,6 +3,7 @@
 Ranks run as threads of this process; each test checks that the server's
 thread stopped and no rank thread is left behind.
 """
+
 import os
 import socket
 import threading
@@ -54,6 +55,7 @@ def join_in_threads(port, specs, timeout=10.0):
 
 # -- rendezvous -------------------------------------------------------------------------------
 
+
 def test_duplicate_rank_with_a_token_aborts_the_launch_on_both_workers():
     # Authenticated workers that conflict: the launch itself is misconfigured, everybody is told.
     with TCPRendezvousServer(port=0, world_size=2, token="t") as server:
@@ -66,7 +68,7 @@ def test_duplicate_rank_with_a_token_aborts_the_launch_on_both_workers():
 @pytest.mark.parametrize("bad_first", [False, True])
 def test_wrong_world_size_with_a_token_is_an_error_on_every_worker(bad_first):
     with TCPRendezvousServer(port=0, world_size=2, token="t") as server:
-        if bad_first:   # a worker that joins after the misconfigured one is told too, not left waiting
+        if bad_first:  # a worker that joins after the misconfigured one is told too, not left waiting
             out = join_in_threads(server.port, [(1, 3, "t")]) + join_in_threads(server.port, [(0, 2, "t")])
         else:
             out = join_in_threads(server.port, [(0, 2, "t"), (1, 3, "t")])
@@ -101,7 +103,7 @@ def test_without_a_token_a_conflicting_or_malformed_join_is_refused_alone(rogue)
     with TCPRendezvousServer(port=0, world_size=2) as server:
         first = []
         holder = threading.Thread(target=lambda: first.extend(join_in_threads(server.port, [(1, 2, None)])))
-        holder.start()                                       # rank 1 is taken by the genuine worker
+        holder.start()  # rank 1 is taken by the genuine worker
         deadline = time.monotonic() + 5
         while not server._members and time.monotonic() < deadline:
             time.sleep(0.01)
@@ -127,17 +129,28 @@ def test_torchrun_environment_is_all_a_worker_needs(monkeypatch):
     probe = socket.create_server(("127.0.0.1", 0))
     port = probe.getsockname()[1]
     probe.close()
-    code = ("import numpy as np\n"
-            "from everyo.distributed_tcp import init_tcp_process_group\n"
-            "with init_tcp_process_group(timeout=30) as g:\n"
-            "    print('sum', g.all_reduce_sum(np.array([g.rank + 1.0]))[0], g.rank, g.world_size)\n")
+    code = (
+        "import numpy as np\n"
+        "from everyo.distributed_tcp import init_tcp_process_group\n"
+        "with init_tcp_process_group(timeout=30) as g:\n"
+        "    print('sum', g.all_reduce_sum(np.array([g.rank + 1.0]))[0], g.rank, g.world_size)\n"
+    )
     procs = []
     for rank in range(2):
-        env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank),
-               "WORLD_SIZE": "2", "EVERYO_TOKEN": "from-launcher"}
+        env = {
+            **os.environ,
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            "RANK": str(rank),
+            "WORLD_SIZE": "2",
+            "EVERYO_TOKEN": "from-launcher",
+        }
         env.pop(wire.TOKEN_ENV, None)
-        procs.append(subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE,
-                                      stderr=subprocess.STDOUT, text=True))
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+            )
+        )
     outputs = [p.communicate(timeout=60)[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outputs
     assert "sum 3.0 0 2" in outputs[0] and "sum 3.0 1 2" in outputs[1]
@@ -209,7 +222,7 @@ def test_idle_connections_to_a_worker_port_do_not_delay_the_group():
     strays, real_join = [], rendezvous._rendezvous
 
     def join_then_stray(sock, key, rank, world_size, listener, deadline, server):
-        if rank == 0:   # before anybody connects to rank 0's peer port, ten strays do, and stay silent
+        if rank == 0:  # before anybody connects to rank 0's peer port, ten strays do, and stay silent
             strays.extend(socket.create_connection(listener.getsockname()) for _ in range(10))
         return real_join(sock, key, rank, world_size, listener, deadline, server)
 
@@ -222,7 +235,7 @@ def test_idle_connections_to_a_worker_port_do_not_delay_the_group():
         for s in strays:
             s.close()
     assert not any(isinstance(e, BaseException) for e in out), out
-    assert len(strays) == 10   # and the group formed within the 4 s timeout, which 0.1's 5 s per stray exceeded
+    assert len(strays) == 10  # and the group formed within the 4 s timeout, which 0.1's 5 s per stray exceeded
 
 
 @pytest.mark.parametrize("server_token, worker_token", [("right", "wrong"), ("right", None), (None, "extra")])
@@ -283,7 +296,7 @@ def test_server_closed_while_a_worker_waits():
 
 def test_a_worker_that_left_is_replaced_not_a_duplicate():
     with TCPRendezvousServer(port=0, world_size=2) as server:
-        [gone] = join_in_threads(server.port, [(1, 2, None)], timeout=0.5)   # gives up, disconnects
+        [gone] = join_in_threads(server.port, [(1, 2, None)], timeout=0.5)  # gives up, disconnects
         assert isinstance(gone, EveryODistributedError)
         time.sleep(0.2)
         out = join_in_threads(server.port, [(0, 2, None), (1, 2, None)])
@@ -300,15 +313,15 @@ def garbage_clients(port):
         socks.append(s)
         return s
 
-    connect().sendall(os.urandom(1000))                                        # noise
-    connect().sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")                  # another protocol
-    connect().sendall(wire.pack_header(wire.HELLO, 1 << 40))                  # absurd length
-    connect().sendall(wire.pack_header(wire.JOIN, 8) + bytes(8))             # wrong first frame
-    hello = connect()                                                          # valid hello, then junk
+    connect().sendall(os.urandom(1000))  # noise
+    connect().sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")  # another protocol
+    connect().sendall(wire.pack_header(wire.HELLO, 1 << 40))  # absurd length
+    connect().sendall(wire.pack_header(wire.JOIN, 8) + bytes(8))  # wrong first frame
+    hello = connect()  # valid hello, then junk
     hello.sendall(wire.pack_header(wire.HELLO, wire.NONCE_BYTES) + bytes(wire.NONCE_BYTES))
     hello.sendall(os.urandom(200))
-    connect()                                                                  # silent, stays open
-    connect().close()                                                          # connects and leaves
+    connect()  # silent, stays open
+    connect().close()  # connects and leaves
     return socks
 
 
@@ -320,7 +333,7 @@ def test_server_survives_garbage_and_still_forms_the_group():
         out = join_in_threads(server.port, [(0, 2, None), (1, 2, None)])
         assert not any(isinstance(e, BaseException) for e in out), out
         assert server.groups_formed == 1
-        deadline = time.monotonic() + 5   # the silent client is dropped at its handshake deadline
+        deadline = time.monotonic() + 5  # the silent client is dropped at its handshake deadline
         while server.clients_rejected < 7 and time.monotonic() < deadline:
             time.sleep(0.05)
         assert server.clients_rejected == 7
@@ -347,6 +360,7 @@ def test_worker_talking_to_something_else_gets_a_protocol_error():
 
 
 # -- collectives ------------------------------------------------------------------------------
+
 
 def test_collective_mismatch_is_named_on_both_ranks():
     def body(group):
@@ -377,8 +391,13 @@ def test_peer_disconnecting_mid_collective():
         if group.rank == 1:
             sock = group._socks[0]
             sock.setblocking(True)
-            sock.sendall(group._header(type("R", (), {"op": "all_reduce_sum", "dtype": "float32", "root": -1,
-                                                      "seq": 0, "size": n})(), n * 2) + bytes(1000))
+            sock.sendall(
+                group._header(
+                    type("R", (), {"op": "all_reduce_sum", "dtype": "float32", "root": -1, "seq": 0, "size": n})(),
+                    n * 2,
+                )
+                + bytes(1000)
+            )
             time.sleep(0.2)
             group.close()
             return None
@@ -394,7 +413,7 @@ def test_peer_disconnecting_mid_collective():
     error, seconds = results[0]
     assert isinstance(error, EveryODistributedError), error
     assert "rank 1 closed its connection" in str(error) and "rank 0, in all_reduce_sum" in str(error)
-    assert seconds < 10   # well before the 30 s timeout
+    assert seconds < 10  # well before the 30 s timeout
 
 
 def test_garbage_from_a_peer_mid_collective_is_a_protocol_error():
@@ -420,7 +439,7 @@ def test_garbage_from_a_peer_mid_collective_is_a_protocol_error():
 def test_failed_group_is_unusable_and_peers_fail_fast():
     def body(group):
         if group.rank == 1:
-            return None            # leaves without calling: closes its connections
+            return None  # leaves without calling: closes its connections
         first = second = None
         try:
             group.barrier()
@@ -443,7 +462,7 @@ def test_collective_timeout_names_the_missing_rank():
 
     def body(group):
         if group.rank == 1:
-            release.wait(10)      # alive, connected, but never calls the collective
+            release.wait(10)  # alive, connected, but never calls the collective
             return None
         group.timeout = 0.5
         try:
@@ -464,7 +483,7 @@ def test_dtype_without_a_wire_code_is_refused_before_communicating():
         try:
             group.all_reduce_sum(np.ones(3, np.longdouble))
         except EveryODistributedError as exc:
-            return str(exc), group.all_reduce_sum(np.ones(2))[0]   # the group still works
+            return str(exc), group.all_reduce_sum(np.ones(2))[0]  # the group still works
 
     results, errors, _ = run_in_threads(2, body)
     assert errors == [None, None]
@@ -491,15 +510,16 @@ def test_peer_process_killed_while_rank_0_waits(tmp_path):
         "os.kill(os.getpid(), signal.SIGKILL)\n"
     )
     with TCPRendezvousServer(port=0, world_size=2) as server:
-        child = subprocess.Popen([sys.executable, "-c", code, str(server.port)],
-                                 env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+        child = subprocess.Popen(
+            [sys.executable, "-c", code, str(server.port)], env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+        )
         try:
             group = init_tcp_process_group("127.0.0.1", server.port, 0, 2, timeout=30)
             start = time.monotonic()
             with group, pytest.raises(EveryODistributedError, match="rank 1 closed its connection"):
                 group.all_reduce_mean(np.ones(10, np.float32))
-            assert time.monotonic() - start < 10     # noticed at the death, not at the 30 s timeout
-            assert child.wait(10) == -9              # it really died by its own SIGKILL
+            assert time.monotonic() - start < 10  # noticed at the death, not at the 30 s timeout
+            assert child.wait(10) == -9  # it really died by its own SIGKILL
         finally:
             if child.poll() is None:
                 child.kill()

@@ -1,4 +1,5 @@
 """Fixtures for the ONNX tests (helpers live in onnx_agreement.py)."""
+
 import onnx
 import onnxruntime as ort
 import pytest
@@ -9,7 +10,8 @@ from everyo.onnx import MIN_OPSET
 
 def _runtime_loads(opset):
     graph = helper.make_graph(
-        [helper.make_node("Relu", ["x"], ["y"])], "probe",
+        [helper.make_node("Relu", ["x"], ["y"])],
+        "probe",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])],
     )

@@ -4,6 +4,7 @@ EveryO's own eval-mode forward pass on the same random batch.
 
 Uniquely named (not conftest.py) so that running several test folders in one
 pytest call cannot import another folder's helpers."""
+
 import numpy as np
 import onnx
 
@@ -78,16 +79,21 @@ def _tuple(x):
     return x if isinstance(x, (tuple, list)) else (x,)
 
 
-def assert_traced_agrees(model, make_inputs, path, *, sizes, dynamic_axes=None, opset=None, verify=True,
-                         atol=ATOL):
+def assert_traced_agrees(model, make_inputs, path, *, sizes, dynamic_axes=None, opset=None, verify=True, atol=ATOL):
     """Export ``model`` traced on ``make_inputs(*sizes[0])`` and check ONNX
     Runtime against EveryO's eval-mode output at every size in ``sizes``
     (the first is the traced one; the others test the dynamic axes).
 
     ``make_inputs(*size)`` returns the model's inputs (a tuple for several)."""
     model.eval()
-    eo.export_onnx(model, path, example_input=tuple(_tuple(make_inputs(*sizes[0]))), dynamic_axes=dynamic_axes,
-                   opset=opset, verify=verify)
+    eo.export_onnx(
+        model,
+        path,
+        example_input=tuple(_tuple(make_inputs(*sizes[0]))),
+        dynamic_axes=dynamic_axes,
+        opset=opset,
+        verify=verify,
+    )
     for size in sizes:
         inputs = _tuple(make_inputs(*size))
         with eo.no_grad():

@@ -1,4 +1,5 @@
 """Every docstring example in everyo.onnx runs as written (doctest)."""
+
 from everyo.testing import run_docstring_examples
 
 
@@ -13,6 +14,11 @@ def test_every_name_in_onnxs_all_has_a_docstring():
     import inspect
 
     module = importlib.import_module("everyo.onnx")
-    missing = [n for n in module.__all__ if callable(getattr(module, n)) and not inspect.ismodule(getattr(module, n))
-               and not ((getattr(module, n).__doc__ or "").strip())]
+    missing = [
+        n
+        for n in module.__all__
+        if callable(getattr(module, n))
+        and not inspect.ismodule(getattr(module, n))
+        and not ((getattr(module, n).__doc__ or "").strip())
+    ]
     assert missing == []

@@ -1,5 +1,6 @@
 """What the exported graph contains: the layout and padding decisions, the
 symbolic batch axis, opset and checker, and that export leaves the model alone."""
+
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -70,11 +71,12 @@ def test_batch_norm_uses_its_running_statistics_as_constants(cnn_proto):
     ops = [n.op_type for n in proto.graph.node]
     assert "BatchNormalization" not in ops
     i = ops.index("Sub")
-    assert ops[i:i + 4] == ["Sub", "Div", "Mul", "Add"]
+    assert ops[i : i + 4] == ["Sub", "Div", "Mul", "Add"]
     weights = {t.name: onnx.numpy_helper.to_array(t) for t in proto.graph.initializer}
     bn = model[1]
-    std = [w for w in weights.values() if w.size == 8
-           and np.allclose(w.reshape(-1), np.sqrt(bn.running_var.data + bn.eps))]
+    std = [
+        w for w in weights.values() if w.size == 8 and np.allclose(w.reshape(-1), np.sqrt(bn.running_var.data + bn.eps))
+    ]
     assert std, "the folded sqrt(running_var + eps) is not among the constants"
 
 

@@ -1,5 +1,6 @@
 """Every supported layer, alone and in realistic stacks: ONNX Runtime's output
 against EveryO's eval-mode output at batch sizes 1 and 7, to 1e-5."""
+
 import pytest
 
 import everyo as eo
@@ -52,8 +53,22 @@ def test_single_layer_agrees_with_runtime(factory, input_shape, tmp_path):
 
 def test_single_layers_cover_every_layer_the_0_1_exporter_supported():
     # The tracer replaced 0.1's per-layer converters; each of their layers is still checked here.
-    layers_0_1 = {eo.Linear, eo.Conv2D, eo.MaxPool2D, eo.AvgPool2D, eo.Flatten, eo.Dropout, eo.BatchNorm1D,
-                  eo.BatchNorm2D, eo.LayerNorm, eo.ReLU, eo.Sigmoid, eo.Tanh, eo.Softmax, eo.LogSoftmax}
+    layers_0_1 = {
+        eo.Linear,
+        eo.Conv2D,
+        eo.MaxPool2D,
+        eo.AvgPool2D,
+        eo.Flatten,
+        eo.Dropout,
+        eo.BatchNorm1D,
+        eo.BatchNorm2D,
+        eo.LayerNorm,
+        eo.ReLU,
+        eo.Sigmoid,
+        eo.Tanh,
+        eo.Softmax,
+        eo.LogSoftmax,
+    }
     covered = {type(factory()) for _, factory, _ in SINGLE_LAYERS}
     assert covered == layers_0_1, layers_0_1 - covered
 
@@ -86,23 +101,56 @@ def test_same_padding_matches_hand_worked_tensorflow_rule():
 
 STACKS = [
     ("digit_cnn", digit_cnn, (1, 8, 8, 1)),
-    ("nested_sequential", lambda: eo.Sequential(
-        eo.Sequential(eo.Conv2D(3, 4, 5, stride=2, padding="same", seed=0), eo.Sequential(eo.BatchNorm2D(4), eo.ReLU())),
-        eo.MaxPool2D(3, stride=2, padding="same"),
-        eo.Sequential(eo.Flatten(), eo.Linear(48, 5, seed=1), eo.Sigmoid()),
-    ), (1, 11, 13, 3)),
-    ("mlp_bn_dropout_softmax", lambda: eo.Sequential(
-        eo.Linear(20, 64, seed=0), eo.BatchNorm1D(64), eo.ReLU(), eo.Dropout(0.5, seed=1),
-        eo.Linear(64, 32, seed=2), eo.Tanh(), eo.Linear(32, 4, seed=3), eo.Softmax(),
-    ), (1, 20)),
-    ("sequence_features", lambda: eo.Sequential(
-        eo.Linear(6, 8, seed=0), eo.BatchNorm1D(8), eo.LayerNorm(8), eo.ReLU(),
-        eo.Linear(8, 3, seed=1), eo.LogSoftmax(axis=-1),
-    ), (1, 5, 6)),
-    ("conv_valid_stack", lambda: eo.Sequential(
-        eo.Conv2D(2, 6, (2, 3), seed=0), eo.Tanh(), eo.AvgPool2D((2, 1)), eo.Conv2D(6, 3, 2, stride=2, seed=1),
-        eo.BatchNorm2D(3), eo.Sigmoid(), eo.Flatten(),
-    ), (1, 9, 10, 2)),
+    (
+        "nested_sequential",
+        lambda: eo.Sequential(
+            eo.Sequential(
+                eo.Conv2D(3, 4, 5, stride=2, padding="same", seed=0), eo.Sequential(eo.BatchNorm2D(4), eo.ReLU())
+            ),
+            eo.MaxPool2D(3, stride=2, padding="same"),
+            eo.Sequential(eo.Flatten(), eo.Linear(48, 5, seed=1), eo.Sigmoid()),
+        ),
+        (1, 11, 13, 3),
+    ),
+    (
+        "mlp_bn_dropout_softmax",
+        lambda: eo.Sequential(
+            eo.Linear(20, 64, seed=0),
+            eo.BatchNorm1D(64),
+            eo.ReLU(),
+            eo.Dropout(0.5, seed=1),
+            eo.Linear(64, 32, seed=2),
+            eo.Tanh(),
+            eo.Linear(32, 4, seed=3),
+            eo.Softmax(),
+        ),
+        (1, 20),
+    ),
+    (
+        "sequence_features",
+        lambda: eo.Sequential(
+            eo.Linear(6, 8, seed=0),
+            eo.BatchNorm1D(8),
+            eo.LayerNorm(8),
+            eo.ReLU(),
+            eo.Linear(8, 3, seed=1),
+            eo.LogSoftmax(axis=-1),
+        ),
+        (1, 5, 6),
+    ),
+    (
+        "conv_valid_stack",
+        lambda: eo.Sequential(
+            eo.Conv2D(2, 6, (2, 3), seed=0),
+            eo.Tanh(),
+            eo.AvgPool2D((2, 1)),
+            eo.Conv2D(6, 3, 2, stride=2, seed=1),
+            eo.BatchNorm2D(3),
+            eo.Sigmoid(),
+            eo.Flatten(),
+        ),
+        (1, 9, 10, 2),
+    ),
 ]
 
 
@@ -124,7 +172,14 @@ def test_digit_cnn_at_each_opset(which, newest_runtime_opset, tmp_path):
 
 @pytest.mark.parametrize("opset", [13, 16])
 def test_opsets_before_layer_norm_work_without_it(opset, tmp_path):
-    model = eo.Sequential(eo.Conv2D(1, 4, 3, padding="same", seed=0), eo.BatchNorm2D(4), eo.ReLU(),
-                          eo.AvgPool2D(2, padding="same"), eo.Flatten(), eo.Linear(64, 10, seed=1), eo.Softmax())
+    model = eo.Sequential(
+        eo.Conv2D(1, 4, 3, padding="same", seed=0),
+        eo.BatchNorm2D(4),
+        eo.ReLU(),
+        eo.AvgPool2D(2, padding="same"),
+        eo.Flatten(),
+        eo.Linear(64, 10, seed=1),
+        eo.Softmax(),
+    )
     randomize_norms(model, (1, 7, 7, 1))
     assert_agrees(model, (1, 7, 7, 1), tmp_path / "old.onnx", opset=opset)

@@ -2,6 +2,7 @@
 pool, functional calls, several inputs and outputs, Sequential inside custom
 modules and the reverse. Each is traced, verified, and checked against ONNX
 Runtime at batch 1 and 7."""
+
 import numpy as np
 import onnx
 import pytest
@@ -55,8 +56,9 @@ def test_residual_cnn_with_dynamic_spatial_size(tmp_path):
     # 'same' padding with stride 1 does not depend on the size, so H and W may be dynamic too.
     model = randomize_norms(ResidualCNN(), (1, 8, 8, 1))
     axes = {"input": {0: "batch", 1: "height", 2: "width"}}
-    assert_traced_agrees(model, lambda b, s: images(b, s), tmp_path / "resnet.onnx", sizes=[(1, 8), (7, 8), (2, 12)],
-                         dynamic_axes=axes)
+    assert_traced_agrees(
+        model, lambda b, s: images(b, s), tmp_path / "resnet.onnx", sizes=[(1, 8), (7, 8), (2, 12)], dynamic_axes=axes
+    )
 
 
 class TwoInTwoOut(eo.Module):
@@ -74,8 +76,10 @@ class TwoInTwoOut(eo.Module):
 def test_two_inputs_and_two_outputs(tmp_path):
     def make(batch):
         rng = np.random.default_rng(batch)
-        return (rng.standard_normal((batch, 8, 8, 1)).astype(np.float32),
-                rng.standard_normal((batch, 3)).astype(np.float32))
+        return (
+            rng.standard_normal((batch, 8, 8, 1)).astype(np.float32),
+            rng.standard_normal((batch, 3)).astype(np.float32),
+        )
 
     proto = assert_traced_agrees(TwoInTwoOut(), make, tmp_path / "two.onnx", sizes=[(1,), (7,)])
     assert [i.name for i in proto.graph.input] == ["input0", "input1"]
@@ -88,8 +92,9 @@ def test_graph_names_that_clash_with_weight_names(tmp_path):
     model = eo.Sequential(eo.Linear(3, 2, seed=0))
     path = tmp_path / "m.onnx"
     # "0.weight" is the parameter's name, "n1_linear_MatMul" the name the first node would get.
-    eo.export_onnx(model, path, input_shape=(1, 3), input_names=["0.weight"], output_names=["n1_linear_MatMul"],
-                   verify=True)
+    eo.export_onnx(
+        model, path, input_shape=(1, 3), input_names=["0.weight"], output_names=["n1_linear_MatMul"], verify=True
+    )
     x = np.ones((2, 3), np.float32)
     np.testing.assert_allclose(eo.run_onnx(path, x), model(eo.tensor(x)).data, atol=1e-6)
 
@@ -97,7 +102,9 @@ def test_graph_names_that_clash_with_weight_names(tmp_path):
 def test_names_and_singular_keywords(tmp_path):
     path = tmp_path / "m.onnx"
     x = (np.ones((2, 8, 8, 1), np.float32), np.ones((2, 3), np.float32))
-    eo.export_onnx(TwoInTwoOut(), path, example_input=x, input_names=["image", "meta"], output_names=["logits", "probs"])
+    eo.export_onnx(
+        TwoInTwoOut(), path, example_input=x, input_names=["image", "meta"], output_names=["logits", "probs"]
+    )
     proto = onnx.load(str(path))
     assert [i.name for i in proto.graph.input] == ["image", "meta"]
     assert [o.name for o in proto.graph.output] == ["logits", "probs"]

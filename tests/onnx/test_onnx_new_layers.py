@@ -2,6 +2,7 @@
 Conv2DTranspose, UpSampling2D, GroupNorm, global pooling, Identity), alone
 and in small models: ONNX Runtime against EveryO's eval-mode output at batch
 sizes 1 and 7, to 1e-5."""
+
 import numpy as np
 import pytest
 
@@ -47,17 +48,29 @@ LAYERS = [
     ("conv2d_groups", lambda: eo.Conv2D(4, 6, 3, groups=2, seed=5), (1, 7, 9, 4)),
     ("conv2d_depthwise", lambda: eo.Conv2D(3, 6, 3, padding="same", groups=3, seed=6), (1, 7, 9, 3)),
     ("conv_transpose_valid", lambda: eo.Conv2DTranspose(3, 4, 3, seed=7), (1, 5, 6, 3)),
-    ("conv_transpose_same_stride2", lambda: eo.Conv2DTranspose(3, 4, 3, stride=2, padding="same", seed=8),
-     (1, 5, 6, 3)),
-    ("conv_transpose_narrow_window", lambda: eo.Conv2DTranspose(2, 3, 2, stride=3, padding="same", seed=9),
-     (1, 4, 5, 2)),
-    ("conv_transpose_crops_output_padding",
-     lambda: eo.Conv2DTranspose(2, 3, 3, stride=2, padding=1, output_padding=1, dilation=1, seed=10), (1, 4, 5, 2)),
+    (
+        "conv_transpose_same_stride2",
+        lambda: eo.Conv2DTranspose(3, 4, 3, stride=2, padding="same", seed=8),
+        (1, 5, 6, 3),
+    ),
+    (
+        "conv_transpose_narrow_window",
+        lambda: eo.Conv2DTranspose(2, 3, 2, stride=3, padding="same", seed=9),
+        (1, 4, 5, 2),
+    ),
+    (
+        "conv_transpose_crops_output_padding",
+        lambda: eo.Conv2DTranspose(2, 3, 3, stride=2, padding=1, output_padding=1, dilation=1, seed=10),
+        (1, 4, 5, 2),
+    ),
     ("conv_transpose_dilation", lambda: eo.Conv2DTranspose(2, 3, 3, dilation=2, bias=False, seed=11), (1, 4, 5, 2)),
     ("upsample_nearest", lambda: eo.UpSampling2D((2, 3)), (1, 3, 4, 2)),
     ("upsample_bilinear", lambda: eo.UpSampling2D((2, 3), interpolation="bilinear"), (1, 3, 4, 2)),
-    ("upsample_bilinear_align_corners",
-     lambda: eo.UpSampling2D(3, interpolation="bilinear", align_corners=True), (1, 3, 4, 2)),
+    (
+        "upsample_bilinear_align_corners",
+        lambda: eo.UpSampling2D(3, interpolation="bilinear", align_corners=True),
+        (1, 3, 4, 2),
+    ),
     ("group_norm", _group_norm, (1, 4, 5, 6)),
     ("global_avg_pool", lambda: eo.GlobalAveragePooling2D(), (1, 4, 5, 3)),
     ("global_max_pool", lambda: eo.GlobalMaxPooling2D(), (1, 4, 5, 3)),
@@ -79,10 +92,19 @@ def test_gelu_as_onnx_gelu_at_opset_20(approximate, tmp_path):
 @pytest.mark.parametrize("opset", [13, 17, 20])
 def test_upsampling_decoder_model(opset, tmp_path):
     model = eo.Sequential(
-        eo.Conv2D(3, 6, 3, padding="same", groups=3, seed=0), _group_norm(), eo.SiLU(),
-        eo.Conv2DTranspose(6, 4, 3, stride=2, padding="same", seed=1), eo.LeakyReLU(0.1),
-        eo.UpSampling2D(2, interpolation="bilinear"), eo.Conv2D(4, 4, 3, dilation=2, seed=2), eo.ELU(),
-        eo.UpSampling2D(2), eo.GELU(), eo.GlobalAveragePooling2D(), eo.Identity(), eo.Linear(4, 3, seed=3),
+        eo.Conv2D(3, 6, 3, padding="same", groups=3, seed=0),
+        _group_norm(),
+        eo.SiLU(),
+        eo.Conv2DTranspose(6, 4, 3, stride=2, padding="same", seed=1),
+        eo.LeakyReLU(0.1),
+        eo.UpSampling2D(2, interpolation="bilinear"),
+        eo.Conv2D(4, 4, 3, dilation=2, seed=2),
+        eo.ELU(),
+        eo.UpSampling2D(2),
+        eo.GELU(),
+        eo.GlobalAveragePooling2D(),
+        eo.Identity(),
+        eo.Linear(4, 3, seed=3),
         eo.Softplus(),
     )
     assert_agrees(model, (1, 5, 6, 3), tmp_path / "decoder.onnx", opset=opset)
@@ -91,9 +113,13 @@ def test_upsampling_decoder_model(opset, tmp_path):
 @pytest.mark.parametrize("opset", [13, 17])
 def test_conv1d_sequence_model(opset, tmp_path):
     model = eo.Sequential(
-        eo.Conv1D(3, 8, 3, padding="causal", dilation=2, seed=0), eo.GELU(approximate="tanh"),
-        eo.Conv1D(8, 8, 3, padding="same", groups=4, seed=1), eo.SiLU(),
-        eo.Conv1D(8, 4, 2, stride=2, seed=2), eo.Flatten(), eo.Linear(20, 3, seed=3),
+        eo.Conv1D(3, 8, 3, padding="causal", dilation=2, seed=0),
+        eo.GELU(approximate="tanh"),
+        eo.Conv1D(8, 8, 3, padding="same", groups=4, seed=1),
+        eo.SiLU(),
+        eo.Conv1D(8, 4, 2, stride=2, seed=2),
+        eo.Flatten(),
+        eo.Linear(20, 3, seed=3),
     )
     assert_agrees(model, (1, 11, 3), tmp_path / "seq.onnx", opset=opset)
 
@@ -143,11 +169,19 @@ def _padded(batch, time):
 
 @pytest.mark.parametrize("kind", ["rnn", "lstm", "gru", "bilstm", "bigru_2_layers"])
 def test_recurrent_lengths_become_sequence_lens(kind, tmp_path):
-    layer = {"rnn": lambda: eo.RNN(3, 4, seed=0), "lstm": lambda: eo.LSTM(3, 4, seed=1),
-             "gru": lambda: eo.GRU(3, 4, seed=2), "bilstm": lambda: eo.LSTM(3, 4, bidirectional=True, seed=3),
-             "bigru_2_layers": lambda: eo.GRU(3, 4, num_layers=2, bidirectional=True, seed=4)}[kind]()
-    proto = assert_traced_agrees(WithLengths(layer), _padded, tmp_path / "lengths.onnx",
-                                 sizes=[(7, 5), (1, 5), (7, 6)],
-                                 dynamic_axes={"input0": {0: "batch", 1: "time"}, "input1": {0: "batch"}})
+    layer = {
+        "rnn": lambda: eo.RNN(3, 4, seed=0),
+        "lstm": lambda: eo.LSTM(3, 4, seed=1),
+        "gru": lambda: eo.GRU(3, 4, seed=2),
+        "bilstm": lambda: eo.LSTM(3, 4, bidirectional=True, seed=3),
+        "bigru_2_layers": lambda: eo.GRU(3, 4, num_layers=2, bidirectional=True, seed=4),
+    }[kind]()
+    proto = assert_traced_agrees(
+        WithLengths(layer),
+        _padded,
+        tmp_path / "lengths.onnx",
+        sizes=[(7, 5), (1, 5), (7, 6)],
+        dynamic_axes={"input0": {0: "batch", 1: "time"}, "input1": {0: "batch"}},
+    )
     scans = [n for n in proto.graph.node if n.op_type in ("RNN", "LSTM", "GRU")]
     assert scans and all(len(n.input) > 4 and n.input[4] for n in scans)

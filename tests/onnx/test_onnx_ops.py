@@ -1,6 +1,7 @@
 """Every primitive op of core's op table, alone in a small model, traced and
 checked against ONNX Runtime at batch 1 and 7 (the traced batch is 1; 7 goes
 through the symbolic batch axis), with verify=True comparing every value."""
+
 import numpy as np
 import pytest
 
@@ -46,7 +47,7 @@ OPS = [
     ("div", lambda m, x: x / (eo.abs(x) + 1.0), floats(3, 4), {}),
     ("rdiv", lambda m, x: 1.0 / x, floats(3, 4, positive=True), {}),
     ("neg", lambda m, x: -x, floats(3, 4), {}),
-    ("pow_2", lambda m, x: x ** 2, floats(3, 4), {}),
+    ("pow_2", lambda m, x: x**2, floats(3, 4), {}),
     ("pow_3", lambda m, x: eo.pow(x, 3), floats(3, 4), {}),
     ("pow_tensor", lambda m, x: eo.pow(x, x), floats(3, 4, positive=True), {}),
     ("matmul_param", lambda m, x: x @ m.w, floats(3, 6), {"w": W}),
@@ -77,8 +78,12 @@ OPS = [
     ("flatten", lambda m, x: eo.flatten(x), floats(3, 2, 2), {}),
     ("transpose", lambda m, x: eo.transpose(x, (2, 0, 1)), floats(3, 4), {}),
     ("transpose_T", lambda m, x: x.T, floats(3, 4), {}),
-    ("concatenate", lambda m, x: eo.concatenate([x, -x, x[:, :1] * 0 + m.c], axis=1), floats(3, 4),
-     {"c": np.ones(4, np.float32)}),
+    (
+        "concatenate",
+        lambda m, x: eo.concatenate([x, -x, x[:, :1] * 0 + m.c], axis=1),
+        floats(3, 4),
+        {"c": np.ones(4, np.float32)},
+    ),
     ("stack", lambda m, x: eo.stack([x, x * 2], axis=-1), floats(3, 4), {}),
     ("where_const_mask", lambda m, x: eo.where(np.array([True, False, True, True]), x, -x), floats(3, 4), {}),
     ("astype_roundtrip", lambda m, x: eo.astype(eo.astype(x * 3, "int64"), "float32"), floats(3, 4), {}),
@@ -102,8 +107,12 @@ OPS = [
     ("expand_dims", lambda m, x: eo.expand_dims(x, (1, -1)), floats(3, 4), {}),
     ("moveaxis", lambda m, x: eo.moveaxis(x, 0, -1), floats(3, 4), {}),
     ("clone", lambda m, x: eo.clone(x) * 2, floats(3, 4), {}),
-    ("take_along_axis", lambda m, x: eo.take_along_axis(x, eo.argmax(x, axis=2, keepdims=True), axis=2),
-     floats(3, 4), {}),
+    (
+        "take_along_axis",
+        lambda m, x: eo.take_along_axis(x, eo.argmax(x, axis=2, keepdims=True), axis=2),
+        floats(3, 4),
+        {},
+    ),
     ("take_along_axis_broadcast", lambda m, x: eo.take_along_axis(x, np.array([[[3, 0]]]), axis=2), floats(3, 4), {}),
     ("masked_fill", lambda m, x: eo.masked_fill(x, x < 0, -1.0), floats(3, 4), {}),
     ("one_hot", lambda m, x: eo.one_hot(eo.argmin(x, axis=-1), 4), floats(3, 4), {}),
@@ -121,28 +130,53 @@ OPS = [
     ("std", lambda m, x: eo.std(x, axis=-1), floats(3, 4), {}),
     ("std_ddof", lambda m, x: eo.std(x, axis=1, keepdims=True, ddof=1), floats(3, 4), {}),
     ("logsumexp", lambda m, x: eo.logsumexp(x * 50, axis=-1), floats(3, 4), {}),
-    ("logsumexp_minus_inf", lambda m, x: eo.logsumexp(eo.where(np.array([True, True, False, False]), x, -np.inf),
-                                                      axis=1, keepdims=True), floats(3, 4), {}),
+    (
+        "logsumexp_minus_inf",
+        lambda m, x: eo.logsumexp(eo.where(np.array([True, True, False, False]), x, -np.inf), axis=1, keepdims=True),
+        floats(3, 4),
+        {},
+    ),
     ("norm", lambda m, x: eo.norm(x, axis=-1), floats(3, 4), {}),
-    ("norm_1_inf_3", lambda m, x: eo.stack([eo.norm(x, 1, axis=1), eo.norm(x, np.inf, axis=1), eo.norm(x, 3, axis=1)]),
-     floats(3, 4), {}),
-    ("conv2d", lambda m, x: eo.conv2d(x, m.k, m.b, stride=(2, 1), padding="same"), floats(5, 6, 2),
-     {"k": RNG.standard_normal((3, 2, 2, 3)).astype(np.float32), "b": np.ones(3, np.float32)}),
+    (
+        "norm_1_inf_3",
+        lambda m, x: eo.stack([eo.norm(x, 1, axis=1), eo.norm(x, np.inf, axis=1), eo.norm(x, 3, axis=1)]),
+        floats(3, 4),
+        {},
+    ),
+    (
+        "conv2d",
+        lambda m, x: eo.conv2d(x, m.k, m.b, stride=(2, 1), padding="same"),
+        floats(5, 6, 2),
+        {"k": RNG.standard_normal((3, 2, 2, 3)).astype(np.float32), "b": np.ones(3, np.float32)},
+    ),
     ("max_pool2d", lambda m, x: eo.max_pool2d(x, 3, stride=2, padding="same"), floats(5, 6, 2), {}),
     ("avg_pool2d", lambda m, x: eo.avg_pool2d(x, 2, padding="same"), floats(5, 7, 2), {}),
-    ("conv2d_dilation_groups", lambda m, x: eo.conv2d(x, m.k, dilation=(2, 1), groups=2, padding="same"),
-     floats(7, 6, 4), {"k": RNG.standard_normal((3, 2, 2, 6)).astype(np.float32)}),
+    (
+        "conv2d_dilation_groups",
+        lambda m, x: eo.conv2d(x, m.k, dilation=(2, 1), groups=2, padding="same"),
+        floats(7, 6, 4),
+        {"k": RNG.standard_normal((3, 2, 2, 6)).astype(np.float32)},
+    ),
     ("gelu", lambda m, x: eo.gelu(x * 3), floats(3, 4), {}),
     ("gelu_tanh", lambda m, x: eo.gelu(x * 3, approximate="tanh"), floats(3, 4), {}),
     ("silu", lambda m, x: eo.silu(x * 3), floats(3, 4), {}),
     ("leaky_relu", lambda m, x: eo.leaky_relu(x, 0.3), floats(3, 4), {}),
     ("elu", lambda m, x: eo.elu(x * 3, alpha=1.5), floats(3, 4), {}),
     ("softplus", lambda m, x: eo.softplus(x * 8, beta=0.5, threshold=3.0), floats(3, 4), {}),
-    ("conv1d", lambda m, x: eo.conv1d(x, m.k, m.b, stride=2, padding=(2, 1), dilation=2, groups=2),
-     floats(9, 4), {"k": RNG.standard_normal((3, 2, 4)).astype(np.float32), "b": np.ones(4, np.float32)}),
-    ("conv_transpose2d", lambda m, x: eo.conv_transpose2d(x, m.k, m.b, stride=(2, 3), padding=((1, 0), (0, 2)),
-                                                           output_padding=(1, 0), dilation=(1, 2)),
-     floats(4, 5, 2), {"k": RNG.standard_normal((3, 2, 2, 3)).astype(np.float32), "b": np.ones(3, np.float32)}),
+    (
+        "conv1d",
+        lambda m, x: eo.conv1d(x, m.k, m.b, stride=2, padding=(2, 1), dilation=2, groups=2),
+        floats(9, 4),
+        {"k": RNG.standard_normal((3, 2, 4)).astype(np.float32), "b": np.ones(4, np.float32)},
+    ),
+    (
+        "conv_transpose2d",
+        lambda m, x: eo.conv_transpose2d(
+            x, m.k, m.b, stride=(2, 3), padding=((1, 0), (0, 2)), output_padding=(1, 0), dilation=(1, 2)
+        ),
+        floats(4, 5, 2),
+        {"k": RNG.standard_normal((3, 2, 2, 3)).astype(np.float32), "b": np.ones(3, np.float32)},
+    ),
     ("upsample2d", lambda m, x: eo.upsample2d(x, (3, 2)), floats(3, 4, 2), {}),
     ("upsample2d_bilinear", lambda m, x: eo.upsample2d(x, 2, "bilinear"), floats(3, 4, 2), {}),
 ]
@@ -156,9 +190,13 @@ def test_op_agrees_with_runtime(fn, make, params, tmp_path):
 
 def test_embedding_is_a_gather_and_keeps_integer_ids(tmp_path):
     emb = eo.Embedding(11, 4, seed=0)
-    proto = assert_traced_agrees(emb, lambda b, t: np.random.default_rng(b * t).integers(0, 11, (b, t)),
-                                 tmp_path / "emb.onnx", sizes=[(1, 5), (7, 5), (3, 9)],
-                                 dynamic_axes={"input": {0: "batch", 1: "seq"}})
+    proto = assert_traced_agrees(
+        emb,
+        lambda b, t: np.random.default_rng(b * t).integers(0, 11, (b, t)),
+        tmp_path / "emb.onnx",
+        sizes=[(1, 5), (7, 5), (3, 9)],
+        dynamic_axes={"input": {0: "batch", 1: "seq"}},
+    )
     assert [n.op_type for n in proto.graph.node] == ["Gather", "Identity"]
 
 
@@ -185,8 +223,13 @@ def test_cross_entropy_with_integer_targets(reduction, tmp_path):
         return rng.standard_normal((batch, length, 5)).astype(np.float32), rng.integers(0, 5, (batch, length))
 
     model = Fn(lambda m, x, y: eo.cross_entropy(x, y, reduction=reduction))
-    assert_traced_agrees(model, make, tmp_path / "ce.onnx", sizes=[(1, 4), (7, 4), (3, 6)],
-                         dynamic_axes={"input0": {0: "batch", 1: "seq"}, "input1": {0: "batch", 1: "seq"}})
+    assert_traced_agrees(
+        model,
+        make,
+        tmp_path / "ce.onnx",
+        sizes=[(1, 4), (7, 4), (3, 6)],
+        dynamic_axes={"input0": {0: "batch", 1: "seq"}, "input1": {0: "batch", 1: "seq"}},
+    )
 
 
 def test_every_op_of_the_table_has_a_rule():

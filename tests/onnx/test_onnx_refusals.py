@@ -2,6 +2,7 @@
 naming the op and the user's source line (or the layer and its position);
 bad arguments fail clearly; a failed export leaves no file and an existing
 file untouched."""
+
 import os
 import re
 
@@ -48,8 +49,14 @@ class Branchy(eo.Module):
 
 def test_python_value_of_a_traced_tensor_is_refused_with_the_line(tmp_path):
     line = line_of(Branchy.forward, "float(y.sum())")
-    refused(Branchy(), str(tmp_path / "m.onnx"), "Python float", f"{THIS_FILE}:{line}", "op 'sum'",
-            "data-dependent control flow")
+    refused(
+        Branchy(),
+        str(tmp_path / "m.onnx"),
+        "Python float",
+        f"{THIS_FILE}:{line}",
+        "op 'sum'",
+        "data-dependent control flow",
+    )
 
 
 class UsesConstantValue(eo.Module):
@@ -111,25 +118,40 @@ def test_in_place_data_change_during_the_trace_is_refused(cls, tmp_path):
 @pytest.mark.parametrize("cls, input_shape", [(eo.BatchNorm1D, (1, 4)), (eo.BatchNorm2D, (1, 3, 3, 4))])
 def test_batch_norm_without_running_stats_is_refused(cls, input_shape, tmp_path):
     model = eo.Sequential(eo.Sequential(cls(4, track_running_stats=False)))
-    refused(model, str(tmp_path / "m.onnx"), re.escape(f"{cls.__name__} at model[0][0]") + ".*track_running_stats=False",
-            input_shape=input_shape)
+    refused(
+        model,
+        str(tmp_path / "m.onnx"),
+        re.escape(f"{cls.__name__} at model[0][0]") + ".*track_running_stats=False",
+        input_shape=input_shape,
+    )
 
 
 def test_every_layer_problem_is_listed_at_once(tmp_path):
-    model = eo.Sequential(eo.Linear(4, 4, seed=0).to("float64"), eo.ReLU(), eo.BatchNorm1D(4, track_running_stats=False))
+    model = eo.Sequential(
+        eo.Linear(4, 4, seed=0).to("float64"), eo.ReLU(), eo.BatchNorm1D(4, track_running_stats=False)
+    )
     refused(model, str(tmp_path / "m.onnx"), re.escape("Linear at model[0]"), re.escape("BatchNorm1D at model[2]"))
 
 
 def test_float64_model_is_refused_with_the_fix(tmp_path):
     model = eo.Sequential(eo.Linear(4, 2, seed=0)).to("float64")
-    refused(model, str(tmp_path / "m.onnx"), re.escape("Linear at model[0]"), "float64", re.escape("model.to('float32')"))
+    refused(
+        model, str(tmp_path / "m.onnx"), re.escape("Linear at model[0]"), "float64", re.escape("model.to('float32')")
+    )
 
 
 def test_float16_weights_and_inputs_are_refused(tmp_path):
     model = eo.Sequential(eo.Linear(4, 2, seed=0)).to("float16")
-    refused(model, str(tmp_path / "m.onnx"), re.escape("Linear at model[0]"), "float16", re.escape("model.to('float32')"))
-    refused(eo.Sequential(eo.Linear(4, 2, seed=0)), str(tmp_path / "m.onnx"), "example input 0 has dtype float16",
-            input_shape=None, example_input=np.ones((1, 4), np.float16))
+    refused(
+        model, str(tmp_path / "m.onnx"), re.escape("Linear at model[0]"), "float16", re.escape("model.to('float32')")
+    )
+    refused(
+        eo.Sequential(eo.Linear(4, 2, seed=0)),
+        str(tmp_path / "m.onnx"),
+        "example input 0 has dtype float16",
+        input_shape=None,
+        example_input=np.ones((1, 4), np.float16),
+    )
 
 
 def test_bfloat16_weights_and_inputs_are_refused(tmp_path):
@@ -139,8 +161,13 @@ def test_bfloat16_weights_and_inputs_are_refused(tmp_path):
     model[0].weight.data = model[0].weight.data.astype(ml_dtypes.bfloat16)
     refused(model, str(tmp_path / "m.onnx"), "bfloat16", re.escape("model.to('float32')"))
     x = np.ones((1, 4), ml_dtypes.bfloat16)
-    refused(eo.Sequential(eo.Linear(4, 2, seed=0)), str(tmp_path / "m.onnx"), "example input 0 has dtype bfloat16",
-            input_shape=None, example_input=x)
+    refused(
+        eo.Sequential(eo.Linear(4, 2, seed=0)),
+        str(tmp_path / "m.onnx"),
+        "example input 0 has dtype bfloat16",
+        input_shape=None,
+        example_input=x,
+    )
 
 
 def test_a_float64_result_inside_the_graph_is_refused(tmp_path):
@@ -161,11 +188,24 @@ def test_models_over_two_gib_are_refused(tmp_path, monkeypatch):
 
 def test_example_input_the_model_rejects_is_its_own_error_while_tracing(tmp_path):
     model = eo.Sequential(eo.Linear(4, 8, seed=0), eo.Sequential(eo.ReLU(), eo.Linear(5, 2, seed=1)))
-    refused(model, str(tmp_path / "m.onnx"), "while tracing Sequential", re.escape("layer [1][1]"), "last dimension 5",
-            error=EveryOShapeError)
+    refused(
+        model,
+        str(tmp_path / "m.onnx"),
+        "while tracing Sequential",
+        re.escape("layer [1][1]"),
+        "last dimension 5",
+        error=EveryOShapeError,
+    )
     ids = np.zeros((2, 4), np.int64)  # integer ids into a Linear
-    refused(model, str(tmp_path / "m.onnx"), "while tracing", "int64", error=EveryODTypeError,
-            input_shape=None, example_input=ids)
+    refused(
+        model,
+        str(tmp_path / "m.onnx"),
+        "while tracing",
+        "int64",
+        error=EveryODTypeError,
+        input_shape=None,
+        example_input=ids,
+    )
 
 
 class Looped(eo.Module):
@@ -192,16 +232,25 @@ class ThroughData(eo.Module):
         return x + eo.tensor(np.tanh(x.data))  # NumPy on .data: invisible to the trace
 
 
-@pytest.mark.parametrize("cls, fragment", [
-    (Looped, "records 5 ops .* but 7"),
-    (ThroughData, "op 'add'.*differs between"),
-    (BakedZeros, "op 'add'.*differs between"),
-    (TwoBakedSizes, "op 'reshape'.*translates differently"),
-])
+@pytest.mark.parametrize(
+    "cls, fragment",
+    [
+        (Looped, "records 5 ops .* but 7"),
+        (ThroughData, "op 'add'.*differs between"),
+        (BakedZeros, "op 'add'.*differs between"),
+        (TwoBakedSizes, "op 'reshape'.*translates differently"),
+    ],
+)
 def test_the_dynamic_axes_check_catches_what_the_graph_cannot_follow(cls, fragment, tmp_path):
-    refused(cls(), str(tmp_path / "m.onnx"), fragment, "Nothing was written", input_shape=None,
-            example_input=np.ones((2, 3, 4), np.float32) * np.arange(1, 4, dtype=np.float32)[:, None],
-            dynamic_axes={"input": {0: "batch", 1: "seq"}})
+    refused(
+        cls(),
+        str(tmp_path / "m.onnx"),
+        fragment,
+        "Nothing was written",
+        input_shape=None,
+        example_input=np.ones((2, 3, 4), np.float32) * np.arange(1, 4, dtype=np.float32)[:, None],
+        dynamic_axes={"input": {0: "batch", 1: "seq"}},
+    )
 
 
 def test_static_axes_export_what_the_dynamic_check_refuses(tmp_path):
@@ -221,20 +270,23 @@ def test_refusal_leaves_an_existing_file_untouched(tmp_path):
     assert path.read_bytes() == old
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    (dict(input_shape=None), "exactly one of input_shape"),
-    (dict(input_shape=(1, 4), example_input=np.ones((1, 4), np.float32)), "exactly one of input_shape"),
-    (dict(input_shape=(4,)), "input_shape"),
-    (dict(input_shape=(1, 0)), "input_shape"),
-    (dict(input_shape=(1, 4), output_name="input"), "must differ"),
-    (dict(input_shape=(1, 4), output_name=""), "output_names"),
-    (dict(input_shape=(1, 4), output_names=["a", "b"]), "returns 1 outputs"),
-    (dict(input_shape=(1, 4), input_names=["a", "b"]), "2 names for 1 example inputs"),
-    (dict(input_shape=(1, 4), dynamic_axes={"input": {2: "x"}}), "axis 2, but that input has rank 2"),
-    (dict(input_shape=(1, 4), dynamic_axes={"inptu": {0: "batch"}}), r"\['inptu'\], which are not inputs"),
-    (dict(input_shape=(1, 4), opset=12), "opset must be an integer from 13"),
-    (dict(input_shape=(1, 4), opset=10_000), "opset must be an integer from 13"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(input_shape=None), "exactly one of input_shape"),
+        (dict(input_shape=(1, 4), example_input=np.ones((1, 4), np.float32)), "exactly one of input_shape"),
+        (dict(input_shape=(4,)), "input_shape"),
+        (dict(input_shape=(1, 0)), "input_shape"),
+        (dict(input_shape=(1, 4), output_name="input"), "must differ"),
+        (dict(input_shape=(1, 4), output_name=""), "output_names"),
+        (dict(input_shape=(1, 4), output_names=["a", "b"]), "returns 1 outputs"),
+        (dict(input_shape=(1, 4), input_names=["a", "b"]), "2 names for 1 example inputs"),
+        (dict(input_shape=(1, 4), dynamic_axes={"input": {2: "x"}}), "axis 2, but that input has rank 2"),
+        (dict(input_shape=(1, 4), dynamic_axes={"inptu": {0: "batch"}}), r"\['inptu'\], which are not inputs"),
+        (dict(input_shape=(1, 4), opset=12), "opset must be an integer from 13"),
+        (dict(input_shape=(1, 4), opset=10_000), "opset must be an integer from 13"),
+    ],
+)
 def test_bad_arguments(kwargs, match, tmp_path):
     path = tmp_path / "m.onnx"
     with pytest.raises(ValueError, match=match):

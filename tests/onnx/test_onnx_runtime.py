@@ -1,4 +1,5 @@
 """run_onnx, onnx_available, the lazy eo.* names and the install hints."""
+
 import json
 import os
 import subprocess
@@ -34,7 +35,9 @@ def test_run_onnx_hint_without_onnxruntime(tmp_path, monkeypatch):
         raise metadata.PackageNotFoundError(name)
 
     monkeypatch.setattr(metadata, "version", not_installed)
-    with pytest.raises(ImportError, match="not installed. Install it with: " + HINT.replace("[", r"\[").replace("]", r"\]")):
+    with pytest.raises(
+        ImportError, match="not installed. Install it with: " + HINT.replace("[", r"\[").replace("]", r"\]")
+    ):
         eo.run_onnx(path, np.zeros((1, 3), np.float32))
 
 
@@ -81,10 +84,13 @@ def test_run_onnx_takes_tensors_and_float64_and_returns_numpy(tmp_path):
 
 def test_run_onnx_returns_a_list_for_several_outputs(tmp_path):
     graph = helper.make_graph(
-        [helper.make_node("Relu", ["x"], ["a"]), helper.make_node("Neg", ["x"], ["b"])], "two",
+        [helper.make_node("Relu", ["x"], ["a"]), helper.make_node("Neg", ["x"], ["b"])],
+        "two",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 2])],
-        [helper.make_tensor_value_info("a", TensorProto.FLOAT, ["n", 2]),
-         helper.make_tensor_value_info("b", TensorProto.FLOAT, ["n", 2])],
+        [
+            helper.make_tensor_value_info("a", TensorProto.FLOAT, ["n", 2]),
+            helper.make_tensor_value_info("b", TensorProto.FLOAT, ["n", 2]),
+        ],
     )
     ids = [helper.make_opsetid("", 17)]
     path = tmp_path / "two.onnx"

@@ -2,6 +2,7 @@
 masks, transformer stacks, embeddings and positional encoding; each exported
 with dynamic batch and sequence axes, verified, and checked against ONNX
 Runtime at the traced sizes and at other batch sizes (1, 7) and lengths."""
+
 import numpy as np
 import onnx
 import pytest
@@ -47,8 +48,9 @@ RECURRENT = [
 @pytest.mark.parametrize("factory", [c[1] for c in RECURRENT], ids=[c[0] for c in RECURRENT])
 def test_recurrent_layer_exports_as_one_node_per_layer(factory, tmp_path):
     layer = factory()
-    proto = assert_traced_agrees(Recurrent(layer), sequence(4), tmp_path / "rnn.onnx", sizes=SIZES,
-                                 dynamic_axes=SEQ_AXES)
+    proto = assert_traced_agrees(
+        Recurrent(layer), sequence(4), tmp_path / "rnn.onnx", sizes=SIZES, dynamic_axes=SEQ_AXES
+    )
     op = type(layer).__name__
     nodes = [n for n in proto.graph.node if n.op_type in ("RNN", "LSTM", "GRU")]
     assert [n.op_type for n in nodes] == [op] * layer.num_layers  # one node per layer, both directions in it
@@ -134,8 +136,9 @@ class CausalLM(eo.Module):
 
 @pytest.mark.parametrize("norm_first", [False, True])
 def test_causal_transformer_language_model(norm_first, tmp_path):
-    proto = assert_traced_agrees(CausalLM(norm_first=norm_first), token_ids(13), tmp_path / "lm.onnx", sizes=SIZES,
-                                 dynamic_axes=SEQ_AXES)
+    proto = assert_traced_agrees(
+        CausalLM(norm_first=norm_first), token_ids(13), tmp_path / "lm.onnx", sizes=SIZES, dynamic_axes=SEQ_AXES
+    )
     dims = proto.graph.output[0].type.tensor_type.shape.dim
     assert [d.dim_param or d.dim_value for d in dims] == ["batch", "seq", 13]
     # The positional table is stored once, whole, and sliced to the input's length in the graph.
@@ -179,12 +182,15 @@ class CrossAttention(eo.Module):
 def test_cross_attention_with_different_lengths(tmp_path):
     def make(batch, lq, lk):
         rng = np.random.default_rng(batch + lq + lk)
-        return (rng.standard_normal((batch, lq, 8)).astype(np.float32),
-                rng.standard_normal((batch, lk, 8)).astype(np.float32))
+        return (
+            rng.standard_normal((batch, lq, 8)).astype(np.float32),
+            rng.standard_normal((batch, lk, 8)).astype(np.float32),
+        )
 
     axes = {"input0": {0: "batch", 1: "tgt"}, "input1": {0: "batch", 1: "src"}}
-    assert_traced_agrees(CrossAttention(), make, tmp_path / "cross.onnx", sizes=[(1, 3, 5), (7, 3, 5), (2, 6, 4)],
-                         dynamic_axes=axes)
+    assert_traced_agrees(
+        CrossAttention(), make, tmp_path / "cross.onnx", sizes=[(1, 3, 5), (7, 3, 5), (2, 6, 4)], dynamic_axes=axes
+    )
 
 
 class Seq2Seq(eo.Module):
@@ -203,14 +209,18 @@ def test_encoder_decoder_stack(opset, tmp_path):
 
     if opset > onnx.defs.onnx_opset_version():
         pytest.skip(f"the installed onnx {onnx.__version__} knows opsets up to {onnx.defs.onnx_opset_version()}")
+
     def make(batch, ls, lt):
         rng = np.random.default_rng(batch + ls + lt)
-        return (rng.standard_normal((batch, ls, 8)).astype(np.float32),
-                rng.standard_normal((batch, lt, 8)).astype(np.float32))
+        return (
+            rng.standard_normal((batch, ls, 8)).astype(np.float32),
+            rng.standard_normal((batch, lt, 8)).astype(np.float32),
+        )
 
     axes = {"input0": {0: "batch", 1: "src"}, "input1": {0: "batch", 1: "tgt"}}
-    proto = assert_traced_agrees(Seq2Seq(), make, tmp_path / "s2s.onnx", sizes=[(1, 5, 4), (7, 5, 4), (3, 2, 6)],
-                                 dynamic_axes=axes, opset=opset)
+    proto = assert_traced_agrees(
+        Seq2Seq(), make, tmp_path / "s2s.onnx", sizes=[(1, 5, 4), (7, 5, 4), (3, 2, 6)], dynamic_axes=axes, opset=opset
+    )
     from everyo.onnx.attention import runtime_runs_attention
 
     # 2 encoder self-attentions, 2 decoder self- and 2 cross-attentions.
@@ -222,8 +232,9 @@ def test_encoder_decoder_stack(opset, tmp_path):
 def test_sequence_models_at_opset_17_and_the_newest(which, newest_runtime_opset, tmp_path):
     opset = 17 if which == "17" else newest_runtime_opset
     for model, make in [(LSTMClassifier(), token_ids(12)), (CausalLM(), token_ids(13))]:
-        proto = assert_traced_agrees(model, make, tmp_path / "m.onnx", sizes=[(1, 5), (7, 9)],
-                                     dynamic_axes=SEQ_AXES, opset=opset)
+        proto = assert_traced_agrees(
+            model, make, tmp_path / "m.onnx", sizes=[(1, 5), (7, 9)], dynamic_axes=SEQ_AXES, opset=opset
+        )
         assert [o.version for o in proto.opset_import] == [opset]
 
 
@@ -240,8 +251,9 @@ def test_attention_op_at_opset_23_with_causal_and_padding_masks(tmp_path):
         return rng.standard_normal((batch, length, 8)).astype(np.float32), pad
 
     axes = {"input0": {0: "batch", 1: "seq"}, "input1": {0: "batch", 1: "seq"}}
-    proto = assert_traced_agrees(PaddedEncoder(causal=True), make, tmp_path / "attn.onnx", sizes=SIZES,
-                                 dynamic_axes=axes, opset=23)
+    proto = assert_traced_agrees(
+        PaddedEncoder(causal=True), make, tmp_path / "attn.onnx", sizes=SIZES, dynamic_axes=axes, opset=23
+    )
     ops = [n.op_type for n in proto.graph.node]
     assert ops.count("Attention") == 1 and "Softmax" not in ops and "Exp" not in ops
     # MatMuls left: the in-projection, the out-projection and the two feed-forward layers.
@@ -261,8 +273,9 @@ class SelfAttention(eo.Module):
 @pytest.mark.parametrize("kwargs", [{}, {"is_causal": True}], ids=["plain", "causal"])
 def test_attention_alone_returning_its_weights(kwargs, tmp_path):
     # Dropout on the weights is the identity in the exported (inference) graph.
-    proto = assert_traced_agrees(SelfAttention(**kwargs), sequence(8), tmp_path / "mha.onnx", sizes=SIZES,
-                                 dynamic_axes=SEQ_AXES)
+    proto = assert_traced_agrees(
+        SelfAttention(**kwargs), sequence(8), tmp_path / "mha.onnx", sizes=SIZES, dynamic_axes=SEQ_AXES
+    )
     dims = proto.graph.output[1].type.tensor_type.shape.dim
     assert [d.dim_param or d.dim_value for d in dims] == ["batch", 2, "seq", "seq"]
 
@@ -273,15 +286,26 @@ def test_fixed_attention_mask_constant_at_fixed_length(tmp_path):
     additive[2] = -np.inf  # a fully masked row: zeros in core, and in the export
     for attn_mask in (mask, additive):
         model = SelfAttention(attn_mask=attn_mask)
-        assert_traced_agrees(model, sequence(8), tmp_path / "mask.onnx", sizes=[(1, 5), (7, 5)],
-                             dynamic_axes={"input": {0: "batch"}})
+        assert_traced_agrees(
+            model, sequence(8), tmp_path / "mask.onnx", sizes=[(1, 5), (7, 5)], dynamic_axes={"input": {0: "batch"}}
+        )
 
 
 def test_positional_encoding_alone_and_embedding_with_padding_idx(tmp_path):
-    assert_traced_agrees(eo.PositionalEncoding(8, max_len=12), sequence(8), tmp_path / "pe.onnx",
-                         sizes=[(1, 5), (7, 12), (2, 1)], dynamic_axes=SEQ_AXES)
-    assert_traced_agrees(eo.Embedding(7, 3, padding_idx=0, seed=0), token_ids(7), tmp_path / "emb.onnx",
-                         sizes=SIZES, dynamic_axes=SEQ_AXES)
+    assert_traced_agrees(
+        eo.PositionalEncoding(8, max_len=12),
+        sequence(8),
+        tmp_path / "pe.onnx",
+        sizes=[(1, 5), (7, 12), (2, 1)],
+        dynamic_axes=SEQ_AXES,
+    )
+    assert_traced_agrees(
+        eo.Embedding(7, 3, padding_idx=0, seed=0),
+        token_ids(7),
+        tmp_path / "emb.onnx",
+        sizes=SIZES,
+        dynamic_axes=SEQ_AXES,
+    )
 
 
 def test_recurrent_dropout_is_the_identity_in_the_export(tmp_path):
@@ -330,8 +354,9 @@ class ScanOnComputedProjection(eo.Module):
 
 @pytest.mark.parametrize("op", ["rnn", "lstm", "gru"])
 def test_scan_on_a_computed_projection(op, tmp_path):
-    proto = assert_traced_agrees(ScanOnComputedProjection(op), sequence(4), tmp_path / "scan.onnx", sizes=SIZES,
-                                 dynamic_axes=SEQ_AXES)
+    proto = assert_traced_agrees(
+        ScanOnComputedProjection(op), sequence(4), tmp_path / "scan.onnx", sizes=SIZES, dynamic_axes=SEQ_AXES
+    )
     assert [n.op_type for n in proto.graph.node].count(op.upper()) == 1
 
 
@@ -342,10 +367,13 @@ def test_transformer_layers_alone(norm_first, tmp_path):
 
     def pair(batch, lt, ls):
         rng = np.random.default_rng(batch + lt + ls)
-        return (rng.standard_normal((batch, lt, 8)).astype(np.float32),
-                rng.standard_normal((batch, ls, 8)).astype(np.float32))
+        return (
+            rng.standard_normal((batch, lt, 8)).astype(np.float32),
+            rng.standard_normal((batch, ls, 8)).astype(np.float32),
+        )
 
     decoder = eo.TransformerDecoderLayer(8, 2, dim_feedforward=16, norm_first=norm_first, seed=1)
     axes = {"input0": {0: "batch", 1: "tgt"}, "input1": {0: "batch", 1: "src"}}
-    assert_traced_agrees(decoder, pair, tmp_path / "dec.onnx", sizes=[(1, 4, 5), (7, 4, 5), (2, 6, 3)],
-                         dynamic_axes=axes)
+    assert_traced_agrees(
+        decoder, pair, tmp_path / "dec.onnx", sizes=[(1, 4, 5), (7, 4, 5), (2, 6, 3)], dynamic_axes=axes
+    )

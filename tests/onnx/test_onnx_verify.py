@@ -1,5 +1,6 @@
 """verify=True and eo.verify_onnx: ONNX Runtime's values against EveryO's
 recorded ones, node by node, with optimisations off and on."""
+
 import os
 
 import numpy as np

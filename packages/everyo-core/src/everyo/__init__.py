@@ -5,6 +5,7 @@
 this namespace; their headline names are reachable from here lazily, and only
 when the add-on is installed.
 """
+
 # Lets add-ons installed from other src/ folders (editable installs) join
 # this package's namespace. Must stay the first statement.
 __path__ = __import__("pkgutil").extend_path(__path__, __name__)

@@ -14,6 +14,7 @@ the process instead of being returned to the OS, which a notebook or an
 inference service may not want. So importing everyo never does it; a training
 script (the benchmarks do) calls :func:`tune_allocator` once, explicitly.
 """
+
 import ctypes
 import sys
 

@@ -5,6 +5,7 @@ computed in float32 (the upcast is exact) and rounded once to float16, forward
 and backward, so the result is the correctly computed value rounded, not the
 product of many float16 roundings; float32 and float64 run in their own dtype.
 """
+
 import math
 
 import numpy as np
@@ -35,6 +36,7 @@ def _unary(a, forward, derivative):
     out = out.astype(xc.dtype, copy=False)
 
     if half:
+
         @takes_rounded
         def backward(g):
             return (_rounded(_up(g) * derivative(xc, out, saved)),)
@@ -65,10 +67,22 @@ def _sigmoid(x):
 _ERFC_ZMAX = 10.0
 _ERFC_TMIN = 2.0 / (2.0 + _ERFC_ZMAX)
 _ERFC_POLY = (
-    -0.5585953511338151, 0.5703071521413846, 0.015744884609758886, -0.029471305587921232,
-    -0.0010432970294703015, 0.003712766522935572, -0.0002858704433814308, -0.0005458288305621802,
-    0.00014992766006721397, 6.499896419509187e-05, -4.242747451448689e-05, -1.8217487361951471e-06,
-    8.355890416156133e-06, -1.4707096712966445e-06, -1.0622201823975387e-06, 2.870577818678424e-07,
+    -0.5585953511338151,
+    0.5703071521413846,
+    0.015744884609758886,
+    -0.029471305587921232,
+    -0.0010432970294703015,
+    0.003712766522935572,
+    -0.0002858704433814308,
+    -0.0005458288305621802,
+    0.00014992766006721397,
+    6.499896419509187e-05,
+    -4.242747451448689e-05,
+    -1.8217487361951471e-06,
+    8.355890416156133e-06,
+    -1.4707096712966445e-06,
+    -1.0622201823975387e-06,
+    2.870577818678424e-07,
     6.233257313292895e-08,
 )
 
@@ -154,6 +168,7 @@ def gelu(a, approximate="none"):
 @primitive("silu", kind="elementwise")
 def silu(a):
     """Sigmoid linear unit (swish) ``x * sigmoid(x)``."""
+
     def forward(x):
         s = _sigmoid(x)
         return x * s, s

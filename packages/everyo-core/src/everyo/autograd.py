@@ -57,6 +57,7 @@ forward and backward passes inside :class:`detect_inplace_writes`, which
 keeps a copy of every op's inputs and output and compares (a debugging aid:
 it costs a copy of every activation).
 """
+
 import functools
 import itertools
 import threading
@@ -426,7 +427,9 @@ def grad(outputs, inputs, grad_outputs=None, retain_graph=False, allow_unused=Fa
     for i, t in enumerate(inputs):
         g = found.get(id(t))
         if g is None and not allow_unused:
-            raise ValueError(f"grad: input {i} (shape {t.data.shape}) is not used by the outputs; pass allow_unused=True")
+            raise ValueError(
+                f"grad: input {i} (shape {t.data.shape}) is not used by the outputs; pass allow_unused=True"
+            )
         result.append(None if g is None else np.array(g, dtype=t.data.dtype, copy=True))
     return tuple(result)
 
@@ -454,8 +457,9 @@ def _accumulate_leaf(node, g):
 # Ops whose backward reads no input value and whose output is a new array (not a
 # view): a changed input does not change their gradient. Keyed by the backward
 # closure's qualified name, looked up only when a change was found.
-_READS_NO_INPUT = frozenset(f"everyo.functional.{name}"
-                            for name in ("add", "sub", "neg", "sum", "mean", "concatenate", "stack"))
+_READS_NO_INPUT = frozenset(
+    f"everyo.functional.{name}" for name in ("add", "sub", "neg", "sum", "mean", "concatenate", "stack")
+)
 
 
 def _op_name(backward):
@@ -485,7 +489,8 @@ def _check_unchanged(node):
         raise EveryOInPlaceError(
             f"backward through {op}: its output ({_describe(node)}) was changed in place after {op} computed "
             f"it, and {op}'s gradient is computed from its saved values. Recompute the forward pass after "
-            f"changing values, or change a copy (eo.tensor(t.data.copy())).")
+            f"changing values, or change a copy (eo.tensor(t.data.copy()))."
+        )
     if f"{getattr(backward, '__module__', '')}.{op}" in _READS_NO_INPUT:
         return
     for i, parent in enumerate(node._parents):
@@ -495,7 +500,8 @@ def _check_unchanged(node):
                 f"saved it for backward -- by an optimizer step, a `.data` assignment or an in-place method "
                 f"(add_, mul_, copy_, fill_, zero_) between the forward pass and backward(). The gradient "
                 f"would be computed from the new values. Call optimizer.step() after backward(), recompute "
-                f"the forward pass after changing values, or change a copy (eo.tensor(t.data.copy())).")
+                f"the forward pass after changing values, or change a copy (eo.tensor(t.data.copy()))."
+            )
 
 
 def _compare_snapshot(node):
@@ -509,11 +515,13 @@ def _compare_snapshot(node):
             break
         now = t._data
         same = now.shape == copy.shape and np.array_equal(
-            now, copy, equal_nan=bool(now.dtype.kind in "fc" and copy.dtype.kind in "fc"))
+            now, copy, equal_nan=bool(now.dtype.kind in "fc" and copy.dtype.kind in "fc")
+        )
         if not same:
             what = "its output" if k == 0 else f"its input {k - 1}"
             raise EveryOInPlaceError(
                 f"backward through {op}: {what} ({_describe(t)}) was written into directly after {op} saved it "
                 f"(e.g. t.data[...] = ..., or np.<ufunc>(..., out=t.data)): its values differ from the saved "
                 f"copy (seen by eo.autograd.detect_inplace_writes). Change values only between backward() and "
-                f"the next forward pass, or change a copy.")
+                f"the next forward pass, or change a copy."
+            )

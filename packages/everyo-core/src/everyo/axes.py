@@ -8,6 +8,7 @@ repeat one. Taking the axis modulo the rank instead (what 0.1 did) turns
 Errors are :class:`~everyo.errors.EveryOShapeError` naming the op, the axis,
 the rank and the shape.
 """
+
 from numpy.exceptions import AxisError
 from numpy.lib.array_utils import normalize_axis_tuple
 
@@ -18,12 +19,15 @@ __all__ = ["normalize_axis", "normalize_axes", "check_permutation"]
 
 def _out_of_range(op, axis, shape, ndim):
     if ndim != len(shape):  # an op that adds axes (stack, expand_dims)
-        return EveryOShapeError(f"{op}: axis {axis} is out of range for the rank-{ndim} result "
-                                f"(input shape {tuple(shape)}); valid axes are {-ndim}..{ndim - 1}")
+        return EveryOShapeError(
+            f"{op}: axis {axis} is out of range for the rank-{ndim} result "
+            f"(input shape {tuple(shape)}); valid axes are {-ndim}..{ndim - 1}"
+        )
     return EveryOShapeError(
         f"{op}: axis {axis} is out of range for a tensor of rank {ndim} (shape {tuple(shape)}); "
-        f"valid axes are {-ndim}..{ndim - 1}" if ndim else
-        f"{op}: axis {axis} given for a 0-d tensor (shape ()), which has no axes; pass axis=None"
+        f"valid axes are {-ndim}..{ndim - 1}"
+        if ndim
+        else f"{op}: axis {axis} given for a 0-d tensor (shape ()), which has no axes; pass axis=None"
     )
 
 

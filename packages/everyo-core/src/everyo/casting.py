@@ -3,6 +3,7 @@ conversions where the project has them (float16 <-> float32 and bfloat16 <->
 float32, in :mod:`everyo.half`). One place for every cast that autograd and
 the ops make, so a new floating type needs one entry here, not a branch in
 each caller."""
+
 import numpy as np
 
 from everyo.half import _bfloat16_to_float, _float_to_bfloat16, _float_to_half, _half_to_float, is_bfloat16

@@ -12,6 +12,7 @@ Examples:
     >>> (x >= 2).tolist()
     [False, True, True]
 """
+
 import numpy as np
 
 from everyo.dispatch import primitive

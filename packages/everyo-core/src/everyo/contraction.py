@@ -5,6 +5,7 @@ contracted with the other operands, producing operand ``i``'s subscripts.
 Letters that appear only in operand ``i`` (summed away by the forward) are
 broadcast back. Runs in float16 under autocast, like matmul.
 """
+
 import numpy as np
 
 from everyo.dispatch import LOW_PRECISION, primitive
@@ -27,11 +28,14 @@ def _parse(subscripts, operands):
         if not term.isalpha() and term:
             raise ValueError(f"einsum: subscripts must be letters, got {term!r}")
         if len(term) != t.data.ndim:
-            raise EveryOShapeError(f"einsum: term {term!r} has {len(term)} letters but its operand has shape "
-                                   f"{t.data.shape} (rank {t.data.ndim})")
+            raise EveryOShapeError(
+                f"einsum: term {term!r} has {len(term)} letters but its operand has shape "
+                f"{t.data.shape} (rank {t.data.ndim})"
+            )
         if len(set(term)) != len(term):
-            raise NotImplementedError(f"einsum: repeated letters within one operand ({term!r}, a diagonal or "
-                                      f"trace) are not supported yet")
+            raise NotImplementedError(
+                f"einsum: repeated letters within one operand ({term!r}, a diagonal or trace) are not supported yet"
+            )
     if not arrow:  # implicit mode: letters seen once, in alphabetical order (NumPy's rule)
         counts = {c: inputs.count(c) for c in inputs if c != ","}
         output = "".join(sorted(c for c, n in counts.items() if n == 1))

@@ -5,6 +5,7 @@ Convolution is im2col on a strided view followed by one BLAS matmul; the
 backward scatters columns back with a loop over kernel offsets (kh * kw
 iterations), never over pixels.
 """
+
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
@@ -71,8 +72,9 @@ def _scatter_windows(grad_win, padded_shape, kernel, stride, out_hw, dtype, dila
         # NumPy's float16 adds convert every element (~40x slower than
         # float32): accumulate in float32 and round once at the end.
         grad_win = _up(grad_win)
-        return _down(_scatter_windows(grad_win, padded_shape, kernel, stride, out_hw, np.float32, dilation,
-                                               channels_last))
+        return _down(
+            _scatter_windows(grad_win, padded_shape, kernel, stride, out_hw, np.float32, dilation, channels_last)
+        )
     gxp = np.zeros(padded_shape, dtype=dtype)
     (oh, ow), (sh, sw), (dh, dw) = out_hw, stride, dilation
     for i in range(kernel[0]):
@@ -170,8 +172,9 @@ def _resolve_conv(inputs, attrs):
     # The tracer gets the geometry core computes: explicit (top, bottom),
     # (left, right) pads, and kernel, stride and dilation as pairs.
     x, weight = inputs[0], inputs[1]
-    kernel, stride, dilation, pads, _ = _geometry(x.data.shape, weight.data.shape[:2], attrs["stride"],
-                                                  attrs["padding"], attrs.get("dilation", 1))
+    kernel, stride, dilation, pads, _ = _geometry(
+        x.data.shape, weight.data.shape[:2], attrs["stride"], attrs["padding"], attrs.get("dilation", 1)
+    )
     attrs.update(kernel_size=kernel, stride=stride, dilation=dilation, pads=pads)
     return attrs
 
@@ -317,8 +320,15 @@ def conv1d(x, weight, bias=None, stride=1, padding="valid", dilation=1, groups=1
         raise EveryOShapeError(f"conv1d: weight must be (k, C // groups, O), got shape {weight.data.shape}")
     padding = _conv1d_padding(padding, weight.data.shape[0], dilation)
     n, length, c = x.data.shape
-    out = conv2d(reshape(x, (n, 1, length, c)), reshape(weight, (1,) + weight.data.shape), bias,
-                 stride=(1, stride), padding=padding, dilation=(1, dilation), groups=groups)
+    out = conv2d(
+        reshape(x, (n, 1, length, c)),
+        reshape(weight, (1,) + weight.data.shape),
+        bias,
+        stride=(1, stride),
+        padding=padding,
+        dilation=(1, dilation),
+        groups=groups,
+    )
     return reshape(out, (n, out.data.shape[2], out.data.shape[3]))
 
 

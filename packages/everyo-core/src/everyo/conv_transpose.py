@@ -5,6 +5,7 @@ added into the output at ``stride`` spacing: one BLAS matmul, then the same
 scatter (a loop over kernel offsets) that conv2d's backward uses. Its backward
 is conv2d's forward: a window view of the output gradient and one matmul.
 """
+
 import numpy as np
 
 from everyo.conv import _scatter_windows, _windows
@@ -61,8 +62,13 @@ def _resolve(inputs, attrs):
     # output_padding actually added (Keras's 'same' may add rows at the end).
     x, weight = inputs[0], inputs[1]
     kernel, stride, dilation, crops, extra, _, _ = conv_transpose2d_geometry(
-        x.data.shape[1:3], weight.data.shape[:2], attrs["stride"], attrs["padding"], attrs["output_padding"],
-        attrs["dilation"])
+        x.data.shape[1:3],
+        weight.data.shape[:2],
+        attrs["stride"],
+        attrs["padding"],
+        attrs["output_padding"],
+        attrs["dilation"],
+    )
     attrs.update(kernel_size=kernel, stride=stride, dilation=dilation, pads=crops, output_padding=extra)
     return attrs
 
@@ -96,7 +102,8 @@ def conv_transpose2d(x, weight, bias=None, stride=1, padding="valid", output_pad
     kh, kw, cin, cout = w.shape
     n, h, wd, _ = xd.shape
     kernel, stride, dilation, crops, extra, full, (oh, ow) = conv_transpose2d_geometry(
-        (h, wd), (kh, kw), stride, padding, output_padding, dilation)
+        (h, wd), (kh, kw), stride, padding, output_padding, dilation
+    )
     if oh <= 0 or ow <= 0 or min(crops[0] + crops[1]) < 0:
         raise EveryOShapeError(
             f"conv_transpose2d: input {xd.shape} with kernel {kernel}, stride {stride}, dilation {dilation}, "

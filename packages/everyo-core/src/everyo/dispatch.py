@@ -48,6 +48,7 @@ Both hooks live in ContextVars, so they are local to a thread and to a
 ``contextvars`` context. With neither set, a primitive costs one Python call
 and one or two ``ContextVar.get`` more than its forward.
 """
+
 import functools
 import inspect
 from contextvars import ContextVar
@@ -55,29 +56,42 @@ from contextvars import ContextVar
 import numpy as np
 
 __all__ = [
-    "LOW_PRECISION", "FLOAT32", "KINDS", "OpDef", "OPS", "primitive",
-    "get_policy", "set_policy", "reset_policy", "apply",
-    "get_tracer", "set_tracer", "reset_tracer", "python_value",
+    "LOW_PRECISION",
+    "FLOAT32",
+    "KINDS",
+    "OpDef",
+    "OPS",
+    "primitive",
+    "get_policy",
+    "set_policy",
+    "reset_policy",
+    "apply",
+    "get_tracer",
+    "set_tracer",
+    "reset_tracer",
+    "python_value",
 ]
 
 LOW_PRECISION = "lowp"
 FLOAT32 = "float32"
 
-KINDS = frozenset({
-    "elementwise",  # one output element from the same element of each (broadcast) input
-    "compare",      # elementwise, boolean result, no gradient
-    "reduction",    # reduces axes (sum, mean, max, softmax's normaliser ...)
-    "shape",        # moves elements without arithmetic (reshape, transpose, split ...)
-    "indexing",     # picks elements by index (getitem, gather, embedding ...)
-    "matmul",       # products that run on BLAS (matmul, linear, einsum)
-    "conv",         # convolutions
-    "pool",         # windowed reductions
-    "resize",       # spatial up-sampling (nearest repeats, bilinear interpolates)
-    "cast",         # dtype conversion
-    "random",       # draws random numbers (dropout)
-    "loss",         # fused losses (always float32 or wider)
-    "fused",        # a whole recurrence in one node (rnn/lstm/gru scans)
-})
+KINDS = frozenset(
+    {
+        "elementwise",  # one output element from the same element of each (broadcast) input
+        "compare",  # elementwise, boolean result, no gradient
+        "reduction",  # reduces axes (sum, mean, max, softmax's normaliser ...)
+        "shape",  # moves elements without arithmetic (reshape, transpose, split ...)
+        "indexing",  # picks elements by index (getitem, gather, embedding ...)
+        "matmul",  # products that run on BLAS (matmul, linear, einsum)
+        "conv",  # convolutions
+        "pool",  # windowed reductions
+        "resize",  # spatial up-sampling (nearest repeats, bilinear interpolates)
+        "cast",  # dtype conversion
+        "random",  # draws random numbers (dropout)
+        "loss",  # fused losses (always float32 or wider)
+        "fused",  # a whole recurrence in one node (rnn/lstm/gru scans)
+    }
+)
 
 # float16/bfloat16 operands of these kinds compute in float32 and round once
 # (:mod:`everyo.low_precision`), forward and backward; the ops named in
@@ -161,8 +175,19 @@ class OpDef:
         signature: ``inspect.Signature`` of ``forward``.
     """
 
-    __slots__ = ("name", "category", "kind", "inputs", "differentiable", "forward", "function", "signature",
-                 "resolve", "_slots", "run")
+    __slots__ = (
+        "name",
+        "category",
+        "kind",
+        "inputs",
+        "differentiable",
+        "forward",
+        "function",
+        "signature",
+        "resolve",
+        "_slots",
+        "run",
+    )
 
     def __init__(self, name, category, kind, inputs, differentiable, forward, resolve):
         self.name, self.category, self.kind = name, category, kind
@@ -170,15 +195,19 @@ class OpDef:
         self.forward, self.function, self.resolve = forward, None, resolve
         self.signature = inspect.signature(forward)
         params = self.signature.parameters
-        positional = [p.name for p in params.values()
-                      if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL)]
+        positional = [
+            p.name for p in params.values() if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL)
+        ]
         slots = []  # (parameter, its position or None, "one" | "sequence" | "varargs")
         for spec in self.inputs:
             pname = spec.lstrip("*")
             if pname not in params:
                 raise TypeError(f"primitive {name!r}: operand {pname!r} is not a parameter of {forward.__qualname__}")
-            mode = "one" if not spec.startswith("*") else (
-                "varargs" if params[pname].kind is params[pname].VAR_POSITIONAL else "sequence")
+            mode = (
+                "one"
+                if not spec.startswith("*")
+                else ("varargs" if params[pname].kind is params[pname].VAR_POSITIONAL else "sequence")
+            )
             slots.append((pname, positional.index(pname) if pname in positional else None, mode))
         self._slots = tuple(slots)
         self.run = forward
@@ -221,6 +250,7 @@ def primitive(name, category=None, *, kind, inputs=None, differentiable=True, re
         run = op.run
 
         if category is None:
+
             @functools.wraps(forward)
             def function(*args, **kwargs):
                 tracer = _tracer.get()
@@ -228,6 +258,7 @@ def primitive(name, category=None, *, kind, inputs=None, differentiable=True, re
                     return run(*args, **kwargs)
                 return _traced(op, tracer, args, kwargs)
         else:
+
             @functools.wraps(forward)
             def function(*args, **kwargs):
                 tracer = _tracer.get()

@@ -1,4 +1,5 @@
 """More elementwise ops: ``maximum``, ``minimum`` (of two tensors), ``sin``, ``cos``."""
+
 import numpy as np
 
 from everyo.dispatch import primitive

@@ -5,6 +5,7 @@ closure mapping the output gradient to its inputs' gradients. Each is
 registered in the op table (:mod:`everyo.dispatch`) with its precision
 category, which routes its operands through the precision policy.
 """
+
 import numpy as np
 
 from everyo.axes import check_permutation, normalize_axes, normalize_axis
@@ -16,10 +17,36 @@ from everyo.random import default_generator
 from everyo.tensor import Tensor
 
 __all__ = [
-    "add", "sub", "mul", "div", "neg", "pow", "matmul", "linear",
-    "sum", "mean", "max", "min", "var", "exp", "log", "sqrt", "abs", "clip",
-    "tanh", "sigmoid", "relu", "softmax", "log_softmax",
-    "reshape", "transpose", "flatten", "concatenate", "stack", "where", "astype",
+    "add",
+    "sub",
+    "mul",
+    "div",
+    "neg",
+    "pow",
+    "matmul",
+    "linear",
+    "sum",
+    "mean",
+    "max",
+    "min",
+    "var",
+    "exp",
+    "log",
+    "sqrt",
+    "abs",
+    "clip",
+    "tanh",
+    "sigmoid",
+    "relu",
+    "softmax",
+    "log_softmax",
+    "reshape",
+    "transpose",
+    "flatten",
+    "concatenate",
+    "stack",
+    "where",
+    "astype",
     "dropout",
 ]
 
@@ -62,8 +89,7 @@ def add(a, b):
     sa, sb = a.data.shape, b.data.shape
 
     def backward(g):
-        return (unbroadcast(g, sa) if a.requires_grad else None,
-                unbroadcast(g, sb) if b.requires_grad else None)
+        return (unbroadcast(g, sa) if a.requires_grad else None, unbroadcast(g, sb) if b.requires_grad else None)
 
     return Tensor._from_op(a.data + b.data, (a, b), backward)
 
@@ -75,8 +101,7 @@ def sub(a, b):
     sa, sb = a.data.shape, b.data.shape
 
     def backward(g):
-        return (unbroadcast(g, sa) if a.requires_grad else None,
-                unbroadcast(-g, sb) if b.requires_grad else None)
+        return (unbroadcast(g, sa) if a.requires_grad else None, unbroadcast(-g, sb) if b.requires_grad else None)
 
     return Tensor._from_op(a.data - b.data, (a, b), backward)
 
@@ -507,8 +532,9 @@ def reshape(a, *shape):
     try:
         out = a.data.reshape(shape)
     except (ValueError, TypeError) as exc:
-        raise EveryOShapeError(f"reshape: cannot reshape a tensor of shape {old} ({a.data.size} elements) "
-                               f"to {shape}: {exc}") from None
+        raise EveryOShapeError(
+            f"reshape: cannot reshape a tensor of shape {old} ({a.data.size} elements) to {shape}: {exc}"
+        ) from None
     return Tensor._from_op(out, (a,), lambda g: (g.reshape(old),))
 
 
@@ -569,12 +595,16 @@ def _check_joinable(tensors, axis, op):
     axis = normalize_axis(axis, first, op, extra=1 if op == "stack" else 0)
     for i, t in enumerate(tensors[1:], 1):
         shape = t.data.shape
-        ok = shape == first if op == "stack" else (
-            len(shape) == len(first) and all(a == b for k, (a, b) in enumerate(zip(shape, first)) if k != axis))
+        ok = (
+            shape == first
+            if op == "stack"
+            else (len(shape) == len(first) and all(a == b for k, (a, b) in enumerate(zip(shape, first)) if k != axis))
+        )
         if not ok:
             rule = "the same shape" if op == "stack" else f"the same shape except along axis {axis}"
-            raise EveryOShapeError(f"{op}: tensor {i} has shape {shape} but tensor 0 has shape {first}; "
-                                   f"they need {rule}")
+            raise EveryOShapeError(
+                f"{op}: tensor {i} has shape {shape} but tensor 0 has shape {first}; they need {rule}"
+            )
     return axis
 
 
@@ -665,8 +695,25 @@ Tensor.__rpow__ = _reflect(pow)
 Tensor.__matmul__ = matmul
 Tensor.__rmatmul__ = _reflect(matmul)
 Tensor.__getitem__ = getitem
-for _name in ("sum", "mean", "max", "min", "var", "exp", "log", "sqrt", "abs", "clip",
-              "tanh", "sigmoid", "relu", "reshape", "transpose", "flatten", "astype"):
+for _name in (
+    "sum",
+    "mean",
+    "max",
+    "min",
+    "var",
+    "exp",
+    "log",
+    "sqrt",
+    "abs",
+    "clip",
+    "tanh",
+    "sigmoid",
+    "relu",
+    "reshape",
+    "transpose",
+    "flatten",
+    "astype",
+):
     setattr(Tensor, _name, globals()[_name])
 Tensor.softmax = softmax
 Tensor.log_softmax = log_softmax

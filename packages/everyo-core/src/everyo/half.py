@@ -21,6 +21,7 @@ and the differentiable cast.
 * :class:`Rounded` lets backward skip the encoding and the trip back up when
   a float16 gradient goes straight into another float16 op.
 """
+
 import numpy as np
 
 _U32 = np.uint32
@@ -288,6 +289,7 @@ def takes_rounded(fn):
 # exponent fields, 8 significant bits. Up is a shift; down is round-to-
 # nearest-even on the uint32 bits. ml_dtypes turns every NaN into the quiet
 # NaN 0x7FC0 with the input's sign (payload dropped); so do these.
+
 
 def is_bfloat16(dtype):
     """Whether ``dtype`` is ml_dtypes' bfloat16 (recognised without importing ml_dtypes)."""

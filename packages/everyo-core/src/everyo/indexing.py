@@ -1,6 +1,7 @@
 """Indexing ops: ``take_along_axis`` (PyTorch: ``gather``), ``masked_fill``
 and ``one_hot``. Indices are checked: out of range is an
 :class:`~everyo.errors.EveryOIndexError` naming the op, the axis and its size."""
+
 import numpy as np
 
 from everyo.axes import normalize_axis
@@ -45,8 +46,9 @@ def take_along_axis(a, indices, axis):
     n = x.shape[axis]
     if idx.size and (idx.min() < -n or idx.max() >= n):
         bad = idx[(idx < -n) | (idx >= n)].flat[0]
-        raise EveryOIndexError(f"take_along_axis: index {int(bad)} is out of range for axis {axis} of size {n} "
-                               f"(input shape {x.shape})")
+        raise EveryOIndexError(
+            f"take_along_axis: index {int(bad)} is out of range for axis {axis} of size {n} (input shape {x.shape})"
+        )
     out = np.take_along_axis(x, idx, axis=axis)
 
     def backward(g):
@@ -85,7 +87,9 @@ def masked_fill(a, mask, value):
     try:
         np.broadcast_shapes(m.shape, a.data.shape)
     except ValueError:
-        raise EveryOShapeError(f"masked_fill: mask of shape {m.shape} does not broadcast to shape {a.data.shape}") from None
+        raise EveryOShapeError(
+            f"masked_fill: mask of shape {m.shape} does not broadcast to shape {a.data.shape}"
+        ) from None
     if isinstance(value, Tensor):
         value = value.data
     out = np.where(m, np.asarray(value, dtype=a.data.dtype), a.data)
@@ -109,8 +113,9 @@ def one_hot(indices, num_classes=None, dtype="float32"):
     if num_classes is None:
         num_classes = int(idx.max()) + 1 if idx.size else 0
     if idx.size and (idx.min() < 0 or idx.max() >= num_classes):
-        raise EveryOIndexError(f"one_hot: class ids must be in [0, {num_classes}), got values from "
-                               f"{int(idx.min())} to {int(idx.max())}")
+        raise EveryOIndexError(
+            f"one_hot: class ids must be in [0, {num_classes}), got values from {int(idx.min())} to {int(idx.max())}"
+        )
     out = (idx[..., None] == np.arange(num_classes)).astype(dtype)
     return Tensor._from_op(out, (), None)
 

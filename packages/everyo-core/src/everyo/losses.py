@@ -1,4 +1,5 @@
 """Loss functions, fused and numerically stable; they run in float32 under autocast."""
+
 import numpy as np
 
 from everyo.dispatch import FLOAT32, primitive
@@ -83,8 +84,7 @@ def cross_entropy(logits, targets, reduction="mean"):
         )
     if z.ndim < 1 or t.shape != z.shape[:-1]:
         raise EveryOShapeError(
-            f"cross_entropy: logits of shape {z.shape} need targets of shape {z.shape[:-1]}, "
-            f"got {t.shape}"
+            f"cross_entropy: logits of shape {z.shape} need targets of shape {z.shape[:-1]}, got {t.shape}"
         )
     classes = z.shape[-1]
     if t.size and (t.min() < 0 or t.max() >= classes):

@@ -30,6 +30,7 @@ Examples:
     >>> y.dtype
     dtype('float16')
 """
+
 import numpy as np
 
 from everyo.half import _down, _rounded, _up, is_low_precision
@@ -112,6 +113,7 @@ def _upcast(value, ups, floating):
 def _rounding_backward(dtype):
     def backward(g):
         return (_rounded(g, dtype) if g.dtype == _F32 else g,)
+
     return backward
 
 

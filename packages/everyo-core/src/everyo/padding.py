@@ -1,5 +1,6 @@
 """The one padding resolver, shared by Conv2D, the pooling layers, the ONNX
 exporter and the tests."""
+
 import math
 
 

@@ -18,12 +18,20 @@ is reproducible by accident. ``np.random.seed`` does not affect EveryO.
 A generator's state is stored as a ``uint64`` array (see :func:`generator_state`),
 so it fits in a ``state_dict`` and in ``eo.save`` checkpoints.
 """
+
 import numpy as np
 
 from everyo.errors import EveryOStateDictError
 
-__all__ = ["manual_seed", "get_rng_state", "set_rng_state", "default_generator", "generator_for",
-           "generator_state", "set_generator_state"]
+__all__ = [
+    "manual_seed",
+    "get_rng_state",
+    "set_rng_state",
+    "default_generator",
+    "generator_for",
+    "generator_state",
+    "set_generator_state",
+]
 
 _MASK64 = (1 << 64) - 1
 # Layout of a PCG64 state as uint64 words: 128-bit state and increment, the
@@ -60,7 +68,6 @@ def manual_seed(n):
         raise ValueError(f"eo.manual_seed needs a non-negative integer, got {n!r}")
     _global = np.random.default_rng(int(n))
     return _global
-
 
 
 def generator_for(seed=None):

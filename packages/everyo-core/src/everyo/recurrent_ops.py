@@ -33,6 +33,7 @@ backward pass an ended row's step contributes nothing (its pre-activation
 gradients are zeroed) and its state gradients pass through unchanged. Steps
 where every row is live pay nothing for this.
 """
+
 import numpy as np
 
 from everyo.dispatch import primitive

@@ -5,6 +5,7 @@ Axis arguments follow NumPy (``axis=None`` means every axis, negative axes
 count from the end) and are checked by :mod:`everyo.axes`. Reductions that
 add many values run in float32 under autocast (category ``FLOAT32``).
 """
+
 import numpy as np
 
 from everyo.axes import normalize_axes, normalize_axis
@@ -97,7 +98,7 @@ def prod(a, axis=None, keepdims=False):
         k = len(axes)
         last = tuple(range(x.ndim - k, x.ndim))
         moved = np.moveaxis(x, axes, last)
-        flat = moved.reshape(moved.shape[:x.ndim - k] + (-1,))
+        flat = moved.reshape(moved.shape[: x.ndim - k] + (-1,))
         one = np.ones(flat.shape[:-1] + (1,), dtype=flat.dtype)
         before = np.concatenate([one, np.cumprod(flat[..., :-1], axis=-1)], axis=-1)
         after = np.flip(np.concatenate([one, np.cumprod(np.flip(flat, -1)[..., :-1], axis=-1)], axis=-1), -1)

@@ -5,6 +5,7 @@ cheaply: several outputs from one op, a split and an embedding gather.
 Each is one autograd node with a hand-written backward, gradient-checked in
 ``tests/core/test_sequence_ops.py``.
 """
+
 import numpy as np
 
 from everyo.axes import normalize_axis
@@ -72,7 +73,9 @@ def split(x, sections, axis=-1):
     n = data.shape[axis]
     if isinstance(sections, int):
         if n % sections:
-            raise EveryOShapeError(f"split: axis {axis} of shape {data.shape} does not divide into {sections} equal parts")
+            raise EveryOShapeError(
+                f"split: axis {axis} of shape {data.shape} does not divide into {sections} equal parts"
+            )
         sizes = [n // sections] * sections
     else:
         sizes = [int(s) for s in sections]
@@ -100,8 +103,7 @@ def embedding(indices, weight, padding_idx=None):
     idx = indices.data if isinstance(indices, Tensor) else np.asarray(indices)
     if not (np.issubdtype(idx.dtype, np.integer) or idx.dtype == np.bool_):
         raise EveryODTypeError(
-            f"embedding indices must be integers, got dtype {idx.dtype} "
-            f"(convert token ids with .astype('int64'))"
+            f"embedding indices must be integers, got dtype {idx.dtype} (convert token ids with .astype('int64'))"
         )
     num = weight.data.shape[0]
     if idx.size and (idx.min() < 0 or idx.max() >= num):

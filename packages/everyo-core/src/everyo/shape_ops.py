@@ -1,5 +1,6 @@
 """More shape ops: ``squeeze``, ``expand_dims`` (PyTorch: ``unsqueeze``),
 ``moveaxis``, and ``clone`` (a differentiable copy)."""
+
 import numpy as np
 
 from everyo.axes import normalize_axes, normalize_axis

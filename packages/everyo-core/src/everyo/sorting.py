@@ -1,6 +1,7 @@
 """Sorting: ``sort`` and ``topk`` return values (differentiable) and int64
 indices (no gradient), as PyTorch does. The gradient of the values goes back
 to the positions they were taken from."""
+
 import numpy as np
 
 from everyo.axes import normalize_axis

@@ -4,6 +4,7 @@ Ops live in :mod:`everyo.functional` (elementwise, reductions, shapes,
 matmul) and :mod:`everyo.conv` (convolution, pooling); they are attached to
 ``Tensor`` as methods and operators there, so this file stays about state.
 """
+
 import operator
 
 import numpy as np
@@ -32,8 +33,19 @@ class Tensor:
         array([[2., 4.]], dtype=float32)
     """
 
-    __slots__ = ("_data", "grad", "requires_grad", "_parents", "_backward", "_retain", "_hooks", "_post_hooks",
-                 "__weakref__", "_version", "_saved_at")
+    __slots__ = (
+        "_data",
+        "grad",
+        "requires_grad",
+        "_parents",
+        "_backward",
+        "_retain",
+        "_hooks",
+        "_post_hooks",
+        "__weakref__",
+        "_version",
+        "_saved_at",
+    )
     __array_priority__ = 1000  # ndarray (op) Tensor defers to Tensor's reflected op
     # Comparisons are elementwise (everyo.comparisons), hashing stays by
     # identity: tensors remain usable as dict keys and set members.
@@ -79,9 +91,14 @@ class Tensor:
         self._data = value
         autograd.bump_version(self)
 
-    data = property(operator.attrgetter("_data"), _set_data, doc=(
-        "The values, an ndarray. Assigning to it (``t.data = a``, and so ``t.data -= a``) counts as an "
-        "in-place change, which backward checks (see :mod:`everyo.autograd`)."))
+    data = property(
+        operator.attrgetter("_data"),
+        _set_data,
+        doc=(
+            "The values, an ndarray. Assigning to it (``t.data = a``, and so ``t.data -= a``) counts as an "
+            "in-place change, which backward checks (see :mod:`everyo.autograd`)."
+        ),
+    )
 
     @property
     def dtype(self):
@@ -194,8 +211,10 @@ class Tensor:
     def requires_grad_(self, requires_grad=True):
         """Switch gradient recording for this leaf on or off, in place; returns ``self``."""
         if not self.is_leaf:
-            raise RuntimeError("requires_grad_: only leaf tensors can change requires_grad; "
-                               "use .detach() to make a leaf from a computed tensor")
+            raise RuntimeError(
+                "requires_grad_: only leaf tensors can change requires_grad; "
+                "use .detach() to make a leaf from a computed tensor"
+            )
         if requires_grad and not np.issubdtype(self.data.dtype, np.floating):
             raise TypeError(f"only floating-point tensors can require grad, got {self.data.dtype}")
         self.requires_grad = bool(requires_grad)
@@ -210,7 +229,8 @@ class Tensor:
             raise EveryOInPlaceError(
                 f"Tensor.{method}: this tensor (shape {self.shape}, {self.dtype}) requires grad, and in-place "
                 f"changes are not recorded for backward. Change it under eo.no_grad() (e.g. a parameter "
-                f"update), or use the out-of-place op.")
+                f"update), or use the out-of-place op."
+            )
         change(self._data)
         autograd.bump_version(self)
         return self
@@ -218,8 +238,9 @@ class Tensor:
     def add_(self, other, alpha=1):
         """``self += alpha * other`` in place; returns ``self``."""
         other = other.data if isinstance(other, Tensor) else other
-        return self._inplace("add_", lambda a: np.add(a, other if alpha == 1 else alpha * np.asarray(other), out=a,
-                                                      casting="same_kind"))
+        return self._inplace(
+            "add_", lambda a: np.add(a, other if alpha == 1 else alpha * np.asarray(other), out=a, casting="same_kind")
+        )
 
     def mul_(self, other):
         """``self *= other`` in place; returns ``self``."""

@@ -5,6 +5,7 @@ Every op and layer test calls :func:`check_gradients` (or
 central finite differences computed in float64. The output is contracted
 with a fixed random weight, so every element of the Jacobian contributes.
 """
+
 import numpy as np
 
 from everyo.autograd import no_grad
@@ -71,7 +72,10 @@ def check_gradients(fn, inputs, params=(), *, eps=1e-6, atol=1e-6, rtol=1e-5, se
             flat[i] = orig
             numeric.reshape(-1)[i] = (up - down) / (2 * eps)
         np.testing.assert_allclose(
-            got, numeric, atol=atol, rtol=rtol,
+            got,
+            numeric,
+            atol=atol,
+            rtol=rtol,
             err_msg=f"{label}: autograd gradient of target {k} (shape {t.data.shape}) disagrees with central differences",
         )
         analytic.append(got)

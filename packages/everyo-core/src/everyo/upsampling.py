@@ -10,6 +10,7 @@ Keras's ``UpSampling2D`` (TensorFlow's ``resize`` with half-pixel centres):
   samples input coordinate ``(p + 0.5) / scale - 0.5``, clamped at 0.
 * ``align_corners=True``: ``p * (H - 1) / (OH - 1)``; corner pixels coincide.
 """
+
 import numpy as np
 
 from everyo.dispatch import primitive

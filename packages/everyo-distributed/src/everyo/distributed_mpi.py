@@ -13,6 +13,7 @@ Needs the ``mpi`` extra: ``pip install everyo-distributed[mpi]`` (mpi4py and
 the mpich wheel). The implementation lives in :mod:`everyo.distributed.mpi`;
 this module is its public face.
 """
+
 from everyo.distributed.mpi import MPIProcessGroup, find_mpiexec, init_mpi_process_group
 
 __all__ = ["init_mpi_process_group", "MPIProcessGroup", "find_mpiexec"]

@@ -18,6 +18,7 @@ Under a launcher that sets ``MASTER_ADDR``, ``MASTER_PORT``, ``RANK`` and
 implementation lives in :mod:`everyo.distributed.tcp`; this module is its
 public face.
 """
+
 from everyo.distributed.tcp.group import TCPProcessGroup, init_tcp_process_group
 from everyo.distributed.tcp.server import TCPRendezvousServer
 

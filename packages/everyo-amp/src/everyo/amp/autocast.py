@@ -22,6 +22,7 @@ overflow nor flush where float32's would not, and no GradScaler is needed.
 Because the policy lives in a ``contextvars.ContextVar``, autocast is local to
 a thread and to a context: turning it on in one thread never changes another.
 """
+
 import functools
 
 import numpy as np

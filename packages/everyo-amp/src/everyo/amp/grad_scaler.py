@@ -14,6 +14,7 @@ range, and halving forever would only reach 0.0. At the floor the scale stops
 falling and a ``RuntimeWarning`` says so; a long run of skipped steps warns
 as well (``warn_after_skips``).
 """
+
 import math
 import numbers
 import warnings
@@ -89,8 +90,17 @@ class GradScaler:
         (True, 1024.0)
     """
 
-    def __init__(self, init_scale=2.0**16, growth_factor=2.0, backoff_factor=0.5, growth_interval=2000,
-                 enabled=True, *, min_scale=_DEFAULT_MIN_SCALE, warn_after_skips=100):
+    def __init__(
+        self,
+        init_scale=2.0**16,
+        growth_factor=2.0,
+        backoff_factor=0.5,
+        growth_interval=2000,
+        enabled=True,
+        *,
+        min_scale=_DEFAULT_MIN_SCALE,
+        warn_after_skips=100,
+    ):
         self._enabled = bool(enabled)
         self._check_hyper("GradScaler", init_scale, growth_factor, backoff_factor, growth_interval, min_scale)
         if _integer("GradScaler: warn_after_skips", warn_after_skips) < 1:
@@ -231,12 +241,16 @@ class GradScaler:
                 f"GradScaler: {skipped} step(s) in a row skipped; the scale would fall below min_scale="
                 f"{self._min_scale} and stops there. Gradients still inf/NaN at this scale are non-finite at any scale: "
                 "look for a NaN/inf in the loss or the forward pass (or a learning rate that diverged)",
-                RuntimeWarning, stacklevel=3)
+                RuntimeWarning,
+                stacklevel=3,
+            )
         if skipped % self._warn_after_skips == 0:
             warnings.warn(
                 f"GradScaler: {skipped} steps in a row skipped because gradients were inf/NaN "
                 f"(scale now {self._scale}); training is not progressing",
-                RuntimeWarning, stacklevel=3)
+                RuntimeWarning,
+                stacklevel=3,
+            )
 
     # --- inspection and checkpoints ---------------------------------------
     def get_scale(self):
@@ -292,8 +306,14 @@ class GradScaler:
         defaults = {"min_scale": _DEFAULT_MIN_SCALE, "skipped_in_a_row": 0}
         values = {k: _scalar(k, state_dict.get(k, defaults.get(k))) for k in _STATE_KEYS + _NEW_STATE_KEYS}
         try:
-            self._check_hyper("GradScaler.load_state_dict", values["scale"], values["growth_factor"],
-                              values["backoff_factor"], values["growth_interval"], values["min_scale"])
+            self._check_hyper(
+                "GradScaler.load_state_dict",
+                values["scale"],
+                values["growth_factor"],
+                values["backoff_factor"],
+                values["growth_interval"],
+                values["min_scale"],
+            )
             tracker = _integer("growth_tracker", values["growth_tracker"])
             skipped = _integer("skipped_in_a_row", values["skipped_in_a_row"])
         except (TypeError, ValueError) as exc:
@@ -337,9 +357,11 @@ class GradScaler:
     def __repr__(self):
         if not self._enabled:
             return "GradScaler(enabled=False)"
-        return (f"GradScaler(scale={self._scale}, growth_factor={self._growth_factor}, "
-                f"backoff_factor={self._backoff_factor}, growth_interval={self._growth_interval}, "
-                f"growth_tracker={self._growth_tracker}, min_scale={self._min_scale})")
+        return (
+            f"GradScaler(scale={self._scale}, growth_factor={self._growth_factor}, "
+            f"backoff_factor={self._backoff_factor}, growth_interval={self._growth_interval}, "
+            f"growth_tracker={self._growth_tracker}, min_scale={self._min_scale})"
+        )
 
 
 def _is_real(x):
@@ -364,7 +386,9 @@ def _scalar(key, value):
     # eo.load gives NumPy scalars or 0-d arrays back for some numbers.
     if isinstance(value, np.ndarray):
         if value.shape != ():
-            raise EveryOStateDictError(f"GradScaler.load_state_dict: {key!r} must be a number, got an array of shape {value.shape}")
+            raise EveryOStateDictError(
+                f"GradScaler.load_state_dict: {key!r} must be a number, got an array of shape {value.shape}"
+            )
         value = value.item()
     elif isinstance(value, np.generic):
         value = value.item()

@@ -1,4 +1,5 @@
 """Data: datasets, the DataLoader and padding of variable-length sequences."""
+
 from everyo.data.dataset import Dataset, TensorDataset
 from everyo.data.loader import DataLoader, default_collate
 from everyo.data.sequences import pad_sequences

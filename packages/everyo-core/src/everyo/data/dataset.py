@@ -1,4 +1,5 @@
 """Datasets: anything with ``__len__`` and ``__getitem__`` (PyTorch's map-style protocol)."""
+
 import numpy as np
 
 from everyo.tensor import Tensor

@@ -1,4 +1,5 @@
 """DataLoader: mini-batches over a Dataset (or in-memory arrays), resumable."""
+
 import math
 import numbers
 
@@ -32,8 +33,10 @@ def default_collate(samples):
         width = len(first)
         for i, s in enumerate(samples):
             if not isinstance(s, (tuple, list)) or len(s) != width:
-                raise TypeError(f"default_collate: sample 0 has {width} fields but sample {i} is {s!r:.80}; "
-                                f"every sample needs the same structure")
+                raise TypeError(
+                    f"default_collate: sample 0 has {width} fields but sample {i} is {s!r:.80}; "
+                    f"every sample needs the same structure"
+                )
         return tuple(default_collate([s[k] for s in samples]) for k in range(width))
     if isinstance(first, (Tensor, np.ndarray, np.generic, numbers.Number)):
         arrays = [s.data if isinstance(s, Tensor) else np.asarray(s) for s in samples]
@@ -85,8 +88,7 @@ class DataLoader:
         [((64, 3), (64,)), ((36, 3), (36,))]
     """
 
-    def __init__(self, *data, batch_size=32, shuffle=False, seed=None, drop_last=False, sampler=None,
-                 collate_fn=None):
+    def __init__(self, *data, batch_size=32, shuffle=False, seed=None, drop_last=False, sampler=None, collate_fn=None):
         if not data:
             raise ValueError("DataLoader needs a dataset or at least one array")
         if len(data) == 1 and _is_dataset(data[0]):
@@ -161,8 +163,11 @@ class DataLoader:
         if mid_epoch and self._position >= self._batches:
             # Every batch handed out (the loop body has the last one): resume at the next epoch.
             return self._state(self._epoch + 1, 0, generator_state(self.generator))
-        return self._state(self._epoch, self._position if mid_epoch else 0,
-                           self._epoch_start.copy() if mid_epoch else generator_state(self.generator))
+        return self._state(
+            self._epoch,
+            self._position if mid_epoch else 0,
+            self._epoch_start.copy() if mid_epoch else generator_state(self.generator),
+        )
 
     def _state(self, epoch, position, generator):
         state = {"epoch": epoch, "position": position, "generator": generator}

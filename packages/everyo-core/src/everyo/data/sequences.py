@@ -1,4 +1,5 @@
 """pad_sequences: variable-length sequences -> one padded batch and their lengths."""
+
 import numpy as np
 
 from everyo.errors import EveryOShapeError

@@ -12,6 +12,7 @@ Every write goes through :func:`atomic_write`. ``load`` treats the file as
 untrusted: it returns exactly what was saved or raises
 :class:`~everyo.errors.EveryOSerializationError` naming the file and the problem.
 """
+
 import os  # noqa: F401  (tests patch everyo.io.os.fsync / .replace to simulate failures)
 
 from everyo.io.atomic import atomic_write

@@ -7,6 +7,7 @@ exists and is not a regular file (``/dev/null``, a FIFO, a device, or a
 symlink to one) cannot be replaced that way without destroying it, so it is
 written through directly, exactly like ``open(path, "wb")``.
 """
+
 import io
 import os
 import re

@@ -8,6 +8,7 @@ before anything is read (:func:`parse`) and then puts the arrays back in
 types, nesting depth, array indices and sizes are all validated, and any
 problem is an :class:`~everyo.errors.EveryOSerializationError`.
 """
+
 import json
 import math
 import re

@@ -11,6 +11,7 @@ Members must be stored uncompressed (``np.savez`` writes them so), which
 bounds every allocation by the file's own size: a zip bomb is refused
 before anything is inflated.
 """
+
 import ast
 import math
 import struct
@@ -29,8 +30,18 @@ _MAX_NPY_HEADER = 1 << 16  # NumPy writes < 200 bytes for every shape it allows
 _MAX_MANIFEST_BYTES = 1 << 28
 _CHUNK = 1 << 24
 # What zipfile and zlib raise on malformed archives (zipfile has no single error class).
-_MALFORMED = (zipfile.BadZipFile, zlib.error, struct.error, EOFError, ValueError, OSError,
-              NotImplementedError, RuntimeError, OverflowError, UnicodeError)
+_MALFORMED = (
+    zipfile.BadZipFile,
+    zlib.error,
+    struct.error,
+    EOFError,
+    ValueError,
+    OSError,
+    NotImplementedError,
+    RuntimeError,
+    OverflowError,
+    UnicodeError,
+)
 
 
 def write(state, path):
@@ -88,23 +99,38 @@ def _read(f, path, fail):
             # Members sharing bytes: each would pass its own checks, together they multiply the file.
             fail(f"its members declare {stored_bytes} bytes in a {file_size}-byte file (overlapping members?)")
         if MANIFEST_MEMBER not in members:
-            hint = " (it looks like a PyTorch checkpoint; export it with safetensors)" if any(
-                n.endswith("data.pkl") for n in members) else "; was it written by eo.save?"
+            hint = (
+                " (it looks like a PyTorch checkpoint; export it with safetensors)"
+                if any(n.endswith("data.pkl") for n in members)
+                else "; was it written by eo.save?"
+            )
             fail(f"it is a zip archive but not an EveryO checkpoint (no manifest){hint}")
-        raw = _read_member(archive, members[MANIFEST_MEMBER], "|u1", None, file_size, fail, "the manifest",
-                           max_bytes=_MAX_MANIFEST_BYTES)
+        raw = _read_member(
+            archive,
+            members[MANIFEST_MEMBER],
+            "|u1",
+            None,
+            file_size,
+            fail,
+            "the manifest",
+            max_bytes=_MAX_MANIFEST_BYTES,
+        )
         version, tree, specs = manifest.parse(raw.tobytes(), fail)
         expected = {MANIFEST_MEMBER} | {f"a{s.index}.npy" for s in specs}
         if set(members) != expected:
             odd = sorted(set(members) - expected)
             gone = sorted(expected - set(members))
-            fail("the archive's members do not match its manifest"
-                 + (f"; unexpected members {odd}" if odd else "") + (f"; missing members {gone}" if gone else ""))
+            fail(
+                "the archive's members do not match its manifest"
+                + (f"; unexpected members {odd}" if odd else "")
+                + (f"; missing members {gone}" if gone else "")
+            )
         for spec in specs:
             where = f"array {spec.index}"
             stored = None if spec.dtype is None else manifest.storage_dtype(spec.dtype).str
-            spec.value = _read_member(archive, members[f"a{spec.index}.npy"], stored, spec.shape, file_size,
-                                      fail, where)
+            spec.value = _read_member(
+                archive, members[f"a{spec.index}.npy"], stored, spec.shape, file_size, fail, where
+            )
             if spec.dtype is None:  # version 1: the header is all we know; it has been checked
                 spec.dtype = spec.value.dtype.str
             if spec.scalar and spec.value.shape != ():
@@ -120,17 +146,25 @@ def _check_declared_size(info, declared_min, declared_max, file_size, fail, wher
         fail(f"{where} ({info.filename}) is encrypted")
     if info.compress_type != zipfile.ZIP_STORED:
         # eo.save never compresses; refusing compression bounds every allocation by the file's size.
-        fail(f"{where} ({info.filename}) is compressed (zip method {info.compress_type}); "
-             f"eo.save writes uncompressed members, and a compressed one could be a zip bomb")
+        fail(
+            f"{where} ({info.filename}) is compressed (zip method {info.compress_type}); "
+            f"eo.save writes uncompressed members, and a compressed one could be a zip bomb"
+        )
     if info.compress_size != info.file_size:
-        fail(f"{where} ({info.filename}) is stored uncompressed but declares {info.file_size} bytes "
-             f"in {info.compress_size}")
+        fail(
+            f"{where} ({info.filename}) is stored uncompressed but declares {info.file_size} bytes "
+            f"in {info.compress_size}"
+        )
     if info.header_offset + info.compress_size > file_size:
-        fail(f"{where} ({info.filename}) declares {info.compress_size} bytes at offset {info.header_offset}, "
-             f"past the end of the {file_size}-byte file (truncated?)")
+        fail(
+            f"{where} ({info.filename}) declares {info.compress_size} bytes at offset {info.header_offset}, "
+            f"past the end of the {file_size}-byte file (truncated?)"
+        )
     if not declared_min <= info.file_size <= declared_max:
-        fail(f"{where} ({info.filename}) declares {info.file_size} bytes, but the manifest's dtype and shape "
-             f"need {declared_min} to {declared_max}")
+        fail(
+            f"{where} ({info.filename}) declares {info.file_size} bytes, but the manifest's dtype and shape "
+            f"need {declared_min} to {declared_max}"
+        )
 
 
 def _read_member(archive, info, dtype, shape, file_size, fail, where, max_bytes=manifest.MAX_ARRAY_BYTES):
@@ -149,13 +183,15 @@ def _read_member(archive, info, dtype, shape, file_size, fail, where, max_bytes=
             fail(f"{where} is stored with shape {header_shape} but the manifest says {shape}")
         nbytes = math.prod(header_shape) * header_dtype.itemsize
         if header_len + nbytes != info.file_size:
-            fail(f"{where} ({info.filename}) holds {info.file_size - header_len} data bytes; "
-                 f"shape {header_shape} of {header_dtype.str} needs {nbytes}")
+            fail(
+                f"{where} ({info.filename}) holds {info.file_size - header_len} data bytes; "
+                f"shape {header_shape} of {header_dtype.str} needs {nbytes}"
+            )
         buffer = np.empty(nbytes, dtype=np.uint8)
         view = memoryview(buffer)
         done = 0
         while done < nbytes:
-            got = member.readinto(view[done:done + _CHUNK])
+            got = member.readinto(view[done : done + _CHUNK])
             if not got:
                 fail(f"{where} ({info.filename}) ends after {done} of {nbytes} bytes (truncated)")
             done += got

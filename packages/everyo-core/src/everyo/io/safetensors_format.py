@@ -11,6 +11,7 @@ text metadata, so nothing comes back with a different type; save those in an
 ``.npz`` checkpoint. bfloat16 arrays are written as safetensors' ``BF16``
 without core importing ml_dtypes.
 """
+
 import json
 import math
 import os
@@ -25,9 +26,22 @@ from everyo.tensor import Tensor
 
 TREE_KEY = "everyo.tree"
 # safetensors dtype code <-> NumPy dtype name (bfloat16: stored as its uint16 bits here).
-_CODES = {"BOOL": "bool", "U8": "uint8", "I8": "int8", "U16": "uint16", "I16": "int16", "U32": "uint32",
-          "I32": "int32", "U64": "uint64", "I64": "int64", "F16": "float16", "F32": "float32",
-          "F64": "float64", "C64": "complex64", "BF16": manifest.BFLOAT16}
+_CODES = {
+    "BOOL": "bool",
+    "U8": "uint8",
+    "I8": "int8",
+    "U16": "uint16",
+    "I16": "int16",
+    "U32": "uint32",
+    "I32": "int32",
+    "U64": "uint64",
+    "I64": "int64",
+    "F16": "float16",
+    "F32": "float32",
+    "F64": "float64",
+    "C64": "complex64",
+    "BF16": manifest.BFLOAT16,
+}
 _INSTALL_HINT = "install it with: pip install everyo-core[safetensors]"
 
 

@@ -19,6 +19,7 @@ LayerNorm, Embedding) is copied as it is; PyTorch's BatchNorm
 ``num_batches_tracked`` counter has no EveryO counterpart and is ignored.
 LSTM (i, f, g, o) and GRU (r, z, n) gate orders are PyTorch's already.
 """
+
 from collections.abc import Mapping
 
 import numpy as np
@@ -46,7 +47,9 @@ def _layouts():
             Linear: {"weight": matrix(transpose)},
             Conv2D: {"weight": conv},
             MultiHeadAttention: {"in_proj_weight": matrix(transpose)},
-            RNN: recurrent, LSTM: recurrent, GRU: recurrent,
+            RNN: recurrent,
+            LSTM: recurrent,
+            GRU: recurrent,
         }
 
     return rules
@@ -117,15 +120,17 @@ def load_torch_state_dict(module, path, *, transpose_linear=True, strict=True):
             value = tensors[key] if convert is None else convert(tensors[key])
             if value.shape != target.data.shape:
                 how = "" if convert is None else f" (PyTorch's {tensors[key].shape}, converted to {value.shape})"
-                mismatched.append(f"{key}: {type(owner).__name__} expects {target.data.shape}, "
-                                  f"the file has {value.shape}{how}")
+                mismatched.append(
+                    f"{key}: {type(owner).__name__} expects {target.data.shape}, the file has {value.shape}{how}"
+                )
                 continue
             converted[key] = value
     unexpected = sorted(k for k in tensors if k not in used and k.rsplit(".", 1)[-1] not in _IGNORED_BUFFERS)
     problems = key_problems(missing, unexpected, mismatched, strict)
     if problems:
         raise EveryOStateDictError(
-            f"cannot load PyTorch weights from {source} into {type(module).__name__}: " + "; ".join(problems)
+            f"cannot load PyTorch weights from {source} into {type(module).__name__}: "
+            + "; ".join(problems)
             + ". Is the EveryO model built with the same layers, sizes and names?"
         )
     return module.load_state_dict(converted, strict=False)

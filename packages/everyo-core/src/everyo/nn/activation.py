@@ -1,4 +1,5 @@
 """Activation layers, Identity, Flatten and Dropout."""
+
 import math
 
 from everyo import activations as A

@@ -11,6 +11,7 @@ Examples:
     >>> positive_ints("Conv2D", "kernel_size", 3)
     (3, 3)
 """
+
 import numbers
 
 from everyo.errors import EveryOShapeError
@@ -61,10 +62,16 @@ def padding2d(layer, padding, allowed=("valid", "same")):
             flat = tuple(v for p in parts for v in (p if not _is_int(p) else (p,)))
         except TypeError:
             parts = flat = None
-        if parts is None or len(parts) != 2 or not all(_is_int(v) for v in flat) or not (
-                all(_is_int(p) for p in parts) or all(not _is_int(p) and len(tuple(p)) == 2 for p in parts)):
-            raise ValueError(f"{layer}: cannot understand padding {padding!r}; use {list(allowed)}, an int, "
-                             f"(ph, pw) or ((top, bottom), (left, right))")
+        if (
+            parts is None
+            or len(parts) != 2
+            or not all(_is_int(v) for v in flat)
+            or not (all(_is_int(p) for p in parts) or all(not _is_int(p) and len(tuple(p)) == 2 for p in parts))
+        ):
+            raise ValueError(
+                f"{layer}: cannot understand padding {padding!r}; use {list(allowed)}, an int, "
+                f"(ph, pw) or ((top, bottom), (left, right))"
+            )
     if any(v < 0 for v in flat):
         raise ValueError(f"{layer}: padding must be non-negative, got {padding!r}")
     return padding

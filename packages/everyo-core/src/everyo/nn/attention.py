@@ -1,4 +1,5 @@
 """Multi-head scaled dot-product attention (batch-first, channels last)."""
+
 import math
 
 import numpy as np
@@ -116,7 +117,9 @@ class MultiHeadAttention(Module):
         = (batch, heads, query_len, key_len)."""
         m = mask.data if isinstance(mask, Tensor) else np.asarray(mask)
         if m.ndim not in ranks:
-            raise EveryOShapeError(f"{self!r}: {what} must have rank {' or '.join(map(str, ranks))}, got shape {m.shape}")
+            raise EveryOShapeError(
+                f"{self!r}: {what} must have rank {' or '.join(map(str, ranks))}, got shape {m.shape}"
+            )
         batch, heads, lq, lk = shape
         if what == "key_padding_mask":
             expected, m4 = (batch, lk), m[:, None, None, :]
@@ -135,8 +138,9 @@ class MultiHeadAttention(Module):
         raise EveryODTypeError(f"{self!r}: {what} must be boolean (True = blocked) or floating (added), got {m.dtype}")
 
     # --- forward ----------------------------------------------------------------
-    def forward(self, query, key=None, value=None, key_padding_mask=None, attn_mask=None,
-                is_causal=False, need_weights=False):
+    def forward(
+        self, query, key=None, value=None, key_padding_mask=None, attn_mask=None, is_causal=False, need_weights=False
+    ):
         key = query if key is None else key
         value = key if value is None else value
         same_kv, self_attn = key is value, query is key and key is value

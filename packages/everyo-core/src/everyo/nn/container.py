@@ -5,6 +5,7 @@ register nothing (no parameters for the optimizer, nothing in state_dict), so
 Module refuses it and names these two. Neither has a ``forward``: the owner
 decides how the held modules are called.
 """
+
 from collections import OrderedDict
 
 from everyo.nn.module import Module
@@ -96,8 +97,9 @@ class ModuleList(Module):
     def extend(self, modules):
         """Append every module of an iterable; returns self."""
         if isinstance(modules, Module) and not hasattr(modules, "__iter__"):
-            raise TypeError(f"ModuleList.extend takes an iterable of Modules, got a {type(modules).__name__}; "
-                            f"use append")
+            raise TypeError(
+                f"ModuleList.extend takes an iterable of Modules, got a {type(modules).__name__}; use append"
+            )
         items = list(modules)
         for i, module in enumerate(items):
             _require_module("ModuleList", f"extend: item {i}", module)

@@ -1,4 +1,5 @@
 """Convolution and pooling layers, channels last (Keras's NHWC / NLC layouts)."""
+
 from everyo.conv import avg_pool2d, conv1d, conv2d, max_pool2d
 from everyo.conv_transpose import conv_transpose2d
 from everyo.nn import arguments as args
@@ -32,8 +33,20 @@ class Conv2D(Module):
         (2, 5, 5, 8)
     """
 
-    def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding="valid", bias=True,
-                 *, dilation=1, groups=1, seed=None, dtype="float32"):
+    def __init__(
+        self,
+        in_channels,
+        out_channels,
+        kernel_size,
+        stride=1,
+        padding="valid",
+        bias=True,
+        *,
+        dilation=1,
+        groups=1,
+        seed=None,
+        dtype="float32",
+    ):
         super().__init__()
         name = type(self).__name__
         self.in_channels = args.positive_int(name, "in_channels", in_channels)
@@ -53,14 +66,24 @@ class Conv2D(Module):
     def forward(self, x):
         x = as_input(self, x, ndim=4, last_dim=self.in_channels, what="NHWC input")
         args.window_fits(self, x.data.shape, self.kernel_size, self.stride, self.padding, self.dilation)
-        return conv2d(x, self.weight, self.bias, stride=self.stride, padding=self.padding,
-                      dilation=self.dilation, groups=self.groups)
+        return conv2d(
+            x,
+            self.weight,
+            self.bias,
+            stride=self.stride,
+            padding=self.padding,
+            dilation=self.dilation,
+            groups=self.groups,
+        )
 
     def extra_repr(self):
-        extra = "".join(f", {k}={v}" for k, v in (("dilation", self.dilation), ("groups", self.groups))
-                        if v not in ((1, 1), 1))
-        return (f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, "
-                f"stride={self.stride}, padding={self.padding!r}" + extra)
+        extra = "".join(
+            f", {k}={v}" for k, v in (("dilation", self.dilation), ("groups", self.groups)) if v not in ((1, 1), 1)
+        )
+        return (
+            f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, "
+            f"stride={self.stride}, padding={self.padding!r}" + extra
+        )
 
 
 class Conv1D(Module):
@@ -87,8 +110,20 @@ class Conv1D(Module):
         (2, 10, 6)
     """
 
-    def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding="valid", bias=True,
-                 *, dilation=1, groups=1, seed=None, dtype="float32"):
+    def __init__(
+        self,
+        in_channels,
+        out_channels,
+        kernel_size,
+        stride=1,
+        padding="valid",
+        bias=True,
+        *,
+        dilation=1,
+        groups=1,
+        seed=None,
+        dtype="float32",
+    ):
         super().__init__()
         self.in_channels = args.positive_int("Conv1D", "in_channels", in_channels)
         self.out_channels = args.positive_int("Conv1D", "out_channels", out_channels)
@@ -119,14 +154,24 @@ class Conv1D(Module):
     def forward(self, x):
         x = as_input(self, x, ndim=3, last_dim=self.in_channels, what="(N, L, C) input")
         n, length, c = x.data.shape
-        args.window_fits(self, (n, 1, length, c), (1, self.kernel_size), (1, self.stride), self._padding2d(),
-                         (1, self.dilation))
-        return conv1d(x, self.weight, self.bias, stride=self.stride, padding=self.padding,
-                      dilation=self.dilation, groups=self.groups)
+        args.window_fits(
+            self, (n, 1, length, c), (1, self.kernel_size), (1, self.stride), self._padding2d(), (1, self.dilation)
+        )
+        return conv1d(
+            x,
+            self.weight,
+            self.bias,
+            stride=self.stride,
+            padding=self.padding,
+            dilation=self.dilation,
+            groups=self.groups,
+        )
 
     def extra_repr(self):
-        return (f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, stride={self.stride}, "
-                f"padding={self.padding!r}, dilation={self.dilation}, groups={self.groups}")
+        return (
+            f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, stride={self.stride}, "
+            f"padding={self.padding!r}, dilation={self.dilation}, groups={self.groups}"
+        )
 
 
 class Conv2DTranspose(Module):
@@ -155,8 +200,20 @@ class Conv2DTranspose(Module):
         (1, 10, 10, 2)
     """
 
-    def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding="valid", output_padding=0,
-                 bias=True, *, dilation=1, seed=None, dtype="float32"):
+    def __init__(
+        self,
+        in_channels,
+        out_channels,
+        kernel_size,
+        stride=1,
+        padding="valid",
+        output_padding=0,
+        bias=True,
+        *,
+        dilation=1,
+        seed=None,
+        dtype="float32",
+    ):
         super().__init__()
         name = "Conv2DTranspose"
         self.in_channels = args.positive_int(name, "in_channels", in_channels)
@@ -168,8 +225,10 @@ class Conv2DTranspose(Module):
         self.output_padding = args.ints(name, "output_padding", output_padding, 2, minimum=0)
         for extra, s, d in zip(self.output_padding, self.stride, self.dilation):
             if extra >= max(s, d):
-                raise ValueError(f"{name}: output_padding {self.output_padding} must be smaller than the stride "
-                                 f"{self.stride} or the dilation {self.dilation}")
+                raise ValueError(
+                    f"{name}: output_padding {self.output_padding} must be smaller than the stride "
+                    f"{self.stride} or the dilation {self.dilation}"
+                )
         rng = rng_for(seed)
         fan_in = self.kernel_size[0] * self.kernel_size[1] * self.out_channels
         shape = self.kernel_size + (self.in_channels, self.out_channels)
@@ -178,12 +237,21 @@ class Conv2DTranspose(Module):
 
     def forward(self, x):
         x = as_input(self, x, ndim=4, last_dim=self.in_channels, what="NHWC input")
-        return conv_transpose2d(x, self.weight, self.bias, stride=self.stride, padding=self.padding,
-                                output_padding=self.output_padding, dilation=self.dilation)
+        return conv_transpose2d(
+            x,
+            self.weight,
+            self.bias,
+            stride=self.stride,
+            padding=self.padding,
+            output_padding=self.output_padding,
+            dilation=self.dilation,
+        )
 
     def extra_repr(self):
-        return (f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, stride={self.stride}, "
-                f"padding={self.padding!r}, output_padding={self.output_padding}, dilation={self.dilation}")
+        return (
+            f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, stride={self.stride}, "
+            f"padding={self.padding!r}, output_padding={self.output_padding}, dilation={self.dilation}"
+        )
 
 
 class _Pool2D(Module):

@@ -1,4 +1,5 @@
 """Embedding (ids -> learned vectors) and PositionalEncoding (positions -> fixed vectors)."""
+
 import math
 
 import numpy as np

@@ -1,4 +1,5 @@
 """Seeded parameter initialisation (PyTorch's defaults for each layer)."""
+
 import math
 
 from everyo.random import generator_for

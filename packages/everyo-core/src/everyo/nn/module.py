@@ -7,6 +7,7 @@ its forward pre-hooks, casts floating inputs wider than its parameters down
 to their dtype (Keras's rule, see :func:`cast_inputs`), runs ``forward``,
 then its forward hooks.
 """
+
 from collections import OrderedDict
 
 import numpy as np
@@ -59,7 +60,9 @@ class Module:
     # --- registration -------------------------------------------------------
     def __setattr__(self, name, value):
         if "_parameters" not in self.__dict__:
-            raise RuntimeError(f"{type(self).__name__}.__init__ must call super().__init__() before assigning attributes")
+            raise RuntimeError(
+                f"{type(self).__name__}.__init__ must call super().__init__() before assigning attributes"
+            )
         if value is None and (name in self._parameters or name in self._modules):
             # PyTorch: a registered slot set to None stays registered (and is skipped).
             registry = self._parameters if name in self._parameters else self._modules
@@ -86,15 +89,19 @@ class Module:
             raise KeyError(f"{type(self).__name__}.{what}: the name must be non-empty and contain no '.', got {name!r}")
         known = name in self._parameters or name in self._modules or name in self._buffers
         if hasattr(self, name) and not known:
-            raise KeyError(f"{type(self).__name__}.{what}: attribute {name!r} already exists and is not a "
-                           f"parameter, buffer or submodule; pick another name")
+            raise KeyError(
+                f"{type(self).__name__}.{what}: attribute {name!r} already exists and is not a "
+                f"parameter, buffer or submodule; pick another name"
+            )
 
     def register_parameter(self, name, param):
         """Register ``param`` (a :class:`Parameter`, or None for an absent one) as ``name``."""
         self._check_new_name(name, "register_parameter")
         if param is not None and not isinstance(param, Parameter):
-            raise TypeError(f"{type(self).__name__}.register_parameter({name!r}): expected an eo.Parameter "
-                            f"or None, got {type(param).__name__} (wrap arrays as eo.Parameter(array))")
+            raise TypeError(
+                f"{type(self).__name__}.register_parameter({name!r}): expected an eo.Parameter "
+                f"or None, got {type(param).__name__} (wrap arrays as eo.Parameter(array))"
+            )
         for registry in (self._buffers, self._modules, self._generators):
             registry.pop(name, None)
         self._parameters[name] = param
@@ -104,8 +111,10 @@ class Module:
         """Register ``module`` (a :class:`Module`, or None) as the submodule ``name``."""
         self._check_new_name(name, "register_module")
         if module is not None and not isinstance(module, Module):
-            raise TypeError(f"{type(self).__name__}.register_module({name!r}): expected a Module or None, "
-                            f"got {type(module).__name__}")
+            raise TypeError(
+                f"{type(self).__name__}.register_module({name!r}): expected a Module or None, "
+                f"got {type(module).__name__}"
+            )
         for registry in (self._parameters, self._buffers, self._generators):
             registry.pop(name, None)
         self._modules[name] = module
@@ -120,8 +129,10 @@ class Module:
         if name not in self._generators:
             self._check_new_name(name, "register_generator")
         if not isinstance(generator, np.random.Generator):
-            raise TypeError(f"{type(self).__name__}.register_generator({name!r}): expected a "
-                            f"numpy.random.Generator, got {type(generator).__name__}")
+            raise TypeError(
+                f"{type(self).__name__}.register_generator({name!r}): expected a "
+                f"numpy.random.Generator, got {type(generator).__name__}"
+            )
         _random.generator_state(generator, f"{type(self).__name__}.register_generator({name!r})")
         self._generators[name] = generator
         object.__setattr__(self, name, generator)
@@ -262,7 +273,8 @@ class Module:
         unexpected = [k for k in given if k not in targets and k not in generators]
         mismatched = [
             f"{k}: model has {targets[k].data.shape}, state dict has {given[k].shape}"
-            for k in targets if k in given and given[k].shape != targets[k].data.shape
+            for k in targets
+            if k in given and given[k].shape != targets[k].data.shape
         ]
         problems = key_problems(missing, unexpected, mismatched, strict)
         for k in generators:
@@ -273,7 +285,8 @@ class Module:
                     problems.append(str(exc))
         if problems:
             raise EveryOStateDictError(
-                f"cannot load state dict into {type(self).__name__}: " + "; ".join(problems)
+                f"cannot load state dict into {type(self).__name__}: "
+                + "; ".join(problems)
                 + ". Was it saved from a model with the same architecture?"
             )
         for k, t in targets.items():

@@ -1,4 +1,5 @@
 """Batch, layer and group normalisation, channels last (NHWC / (N, C) / (N, L, C))."""
+
 import math
 import numbers
 
@@ -20,8 +21,7 @@ def _normalize(x, mean, var, eps, weight, bias):
 class _BatchNorm(Module):
     _ranks = ()
 
-    def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=True, track_running_stats=True,
-                 *, dtype="float32"):
+    def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=True, track_running_stats=True, *, dtype="float32"):
         super().__init__()
         name = type(self).__name__
         self.num_features = args.positive_int(name, "num_features", num_features)
@@ -87,8 +87,9 @@ class LayerNorm(Module):
         super().__init__()
         if isinstance(normalized_shape, numbers.Integral):
             normalized_shape = (normalized_shape,)
-        self.normalized_shape = args.ints("LayerNorm", "normalized_shape", tuple(normalized_shape),
-                                          len(normalized_shape))
+        self.normalized_shape = args.ints(
+            "LayerNorm", "normalized_shape", tuple(normalized_shape), len(normalized_shape)
+        )
         self.eps = args.positive_float("LayerNorm", "eps", eps)
         self.elementwise_affine = elementwise_affine
         self.weight = Parameter(np.ones(self.normalized_shape, dtype=dtype)) if elementwise_affine else None
@@ -97,7 +98,7 @@ class LayerNorm(Module):
     def forward(self, x):
         x = as_input(self, x)
         k = len(self.normalized_shape)
-        if x.data.shape[x.data.ndim - k:] != self.normalized_shape or x.data.ndim < k:
+        if x.data.shape[x.data.ndim - k :] != self.normalized_shape or x.data.ndim < k:
             raise EveryOShapeError(
                 f"{self!r} expected input whose last {k} dimension(s) are {self.normalized_shape}, "
                 f"got shape {x.data.shape}"
@@ -147,7 +148,9 @@ class GroupNorm(Module):
         x = as_input(self, x, ndim=tuple(range(2, 33)), last_dim=self.num_channels)
         shape = x.data.shape
         # (N, positions, groups, channels per group); explicit sizes so a batch of 0 reshapes too.
-        grouped = F.reshape(x, (shape[0], math.prod(shape[1:-1]), self.num_groups, self.num_channels // self.num_groups))
+        grouped = F.reshape(
+            x, (shape[0], math.prod(shape[1:-1]), self.num_groups, self.num_channels // self.num_groups)
+        )
         mean = F.mean(grouped, axis=(1, 3), keepdims=True)
         var = F.var(grouped, axis=(1, 3), keepdims=True)
         y = F.reshape(_normalize(grouped, mean, var, self.eps, None, None), shape)

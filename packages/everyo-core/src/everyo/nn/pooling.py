@@ -1,4 +1,5 @@
 """Global pooling layers (Keras names): one value per channel of an NHWC input."""
+
 from everyo import functional as F
 from everyo.nn.module import Module, as_input
 

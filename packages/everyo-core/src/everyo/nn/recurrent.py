@@ -16,6 +16,7 @@ runs in float16 like every ``linear``, while the recurrence (state updates
 over many steps, where float16 error would compound) runs in the recurrent
 weights' dtype, so outputs and states come back in float32.
 """
+
 import math
 
 import numpy as np
@@ -33,8 +34,18 @@ __all__ = ["RNN", "LSTM", "GRU"]
 class _RecurrentBase(Module):
     _gates = 1
 
-    def __init__(self, input_size, hidden_size, num_layers=1, bias=True, bidirectional=False,
-                 dropout=0.0, *, seed=None, dtype="float32"):
+    def __init__(
+        self,
+        input_size,
+        hidden_size,
+        num_layers=1,
+        bias=True,
+        bidirectional=False,
+        dropout=0.0,
+        *,
+        seed=None,
+        dtype="float32",
+    ):
         super().__init__()
         if hidden_size < 1 or num_layers < 1 or input_size < 1:
             raise ValueError(
@@ -191,8 +202,19 @@ class RNN(_RecurrentBase):
         >>> out, h_n = rnn(eo.randn(4, 10, 8, seed=1), lengths=[10, 3, 7, 1])
     """
 
-    def __init__(self, input_size, hidden_size, num_layers=1, nonlinearity="tanh", bias=True,
-                 bidirectional=False, dropout=0.0, *, seed=None, dtype="float32"):
+    def __init__(
+        self,
+        input_size,
+        hidden_size,
+        num_layers=1,
+        nonlinearity="tanh",
+        bias=True,
+        bidirectional=False,
+        dropout=0.0,
+        *,
+        seed=None,
+        dtype="float32",
+    ):
         if nonlinearity not in ("tanh", "relu"):
             raise ValueError(f"RNN nonlinearity must be 'tanh' or 'relu', got {nonlinearity!r}")
         super().__init__(input_size, hidden_size, num_layers, bias, bidirectional, dropout, seed=seed, dtype=dtype)

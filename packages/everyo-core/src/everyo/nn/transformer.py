@@ -33,12 +33,15 @@ _ACTIVATIONS = {"relu": F.relu, "gelu": gelu}
 class _Block(Module):
     """What both layers share: hyper-parameters, seeds, the feed-forward part."""
 
-    def __init__(self, d_model, num_heads, dim_feedforward, dropout, activation, layer_norm_eps,
-                 norm_first, seed, dtype):
+    def __init__(
+        self, d_model, num_heads, dim_feedforward, dropout, activation, layer_norm_eps, norm_first, seed, dtype
+    ):
         super().__init__()
         name = type(self).__name__
         if isinstance(activation, str) and activation not in _ACTIVATIONS:
-            raise ValueError(f"{name} activation must be one of {sorted(_ACTIVATIONS)} or a callable, got {activation!r}")
+            raise ValueError(
+                f"{name} activation must be one of {sorted(_ACTIVATIONS)} or a callable, got {activation!r}"
+            )
         for arg, value in (("d_model", d_model), ("num_heads", num_heads), ("dim_feedforward", dim_feedforward)):
             args.positive_int(name, arg, value)
         args.divides(name, "num_heads", num_heads, d_model=d_model)
@@ -57,8 +60,13 @@ class _Block(Module):
         return int(self._seeds.integers(2**31))
 
     def _attention(self):
-        return MultiHeadAttention(self.d_model, self.num_heads, dropout=self._hyper["dropout"],
-                                  seed=self._next_seed(), dtype=self._hyper["dtype"])
+        return MultiHeadAttention(
+            self.d_model,
+            self.num_heads,
+            dropout=self._hyper["dropout"],
+            seed=self._next_seed(),
+            dtype=self._hyper["dtype"],
+        )
 
     def _norm(self):
         return LayerNorm(self.d_model, eps=self._eps, dtype=self._hyper["dtype"])
@@ -102,10 +110,22 @@ class TransformerEncoderLayer(_Block):
         (2, 5, 16)
     """
 
-    def __init__(self, d_model, num_heads, dim_feedforward=2048, dropout=0.1, activation="relu",
-                 layer_norm_eps=1e-5, norm_first=False, *, seed=None, dtype="float32"):
-        super().__init__(d_model, num_heads, dim_feedforward, dropout, activation, layer_norm_eps,
-                         norm_first, seed, dtype)
+    def __init__(
+        self,
+        d_model,
+        num_heads,
+        dim_feedforward=2048,
+        dropout=0.1,
+        activation="relu",
+        layer_norm_eps=1e-5,
+        norm_first=False,
+        *,
+        seed=None,
+        dtype="float32",
+    ):
+        super().__init__(
+            d_model, num_heads, dim_feedforward, dropout, activation, layer_norm_eps, norm_first, seed, dtype
+        )
         self.self_attn = self._attention()
         self.norm1, self.norm2 = self._norm(), self._norm()
         self.dropout1, self.dropout2 = self._dropout(), self._dropout()
@@ -137,22 +157,43 @@ class TransformerDecoderLayer(_Block):
         (2, 5, 16)
     """
 
-    def __init__(self, d_model, num_heads, dim_feedforward=2048, dropout=0.1, activation="relu",
-                 layer_norm_eps=1e-5, norm_first=False, *, seed=None, dtype="float32"):
-        super().__init__(d_model, num_heads, dim_feedforward, dropout, activation, layer_norm_eps,
-                         norm_first, seed, dtype)
+    def __init__(
+        self,
+        d_model,
+        num_heads,
+        dim_feedforward=2048,
+        dropout=0.1,
+        activation="relu",
+        layer_norm_eps=1e-5,
+        norm_first=False,
+        *,
+        seed=None,
+        dtype="float32",
+    ):
+        super().__init__(
+            d_model, num_heads, dim_feedforward, dropout, activation, layer_norm_eps, norm_first, seed, dtype
+        )
         self.self_attn, self.multihead_attn = self._attention(), self._attention()
         self.norm1, self.norm2, self.norm3 = self._norm(), self._norm(), self._norm()
         self.dropout1, self.dropout2, self.dropout3 = self._dropout(), self._dropout(), self._dropout()
 
-    def forward(self, tgt, memory, tgt_mask=None, memory_mask=None, tgt_key_padding_mask=None,
-                memory_key_padding_mask=None, tgt_is_causal=False):
+    def forward(
+        self,
+        tgt,
+        memory,
+        tgt_mask=None,
+        memory_mask=None,
+        tgt_key_padding_mask=None,
+        memory_key_padding_mask=None,
+        tgt_is_causal=False,
+    ):
         def self_attend(x):
             return self.self_attn(x, key_padding_mask=tgt_key_padding_mask, attn_mask=tgt_mask, is_causal=tgt_is_causal)
 
         def cross_attend(x):
-            return self.multihead_attn(x, memory, memory, key_padding_mask=memory_key_padding_mask,
-                                       attn_mask=memory_mask)
+            return self.multihead_attn(
+                x, memory, memory, key_padding_mask=memory_key_padding_mask, attn_mask=memory_mask
+            )
 
         x = self._residual(tgt, self_attend, self.norm1, self.dropout1)
         x = self._residual(x, cross_attend, self.norm2, self.dropout2)
@@ -162,16 +203,40 @@ class TransformerDecoderLayer(_Block):
 class _Stack(Module):
     _layer = None
 
-    def __init__(self, num_layers, d_model, num_heads, dim_feedforward=2048, dropout=0.1, activation="relu",
-                 layer_norm_eps=1e-5, norm_first=False, final_norm=None, *, seed=None, dtype="float32"):
+    def __init__(
+        self,
+        num_layers,
+        d_model,
+        num_heads,
+        dim_feedforward=2048,
+        dropout=0.1,
+        activation="relu",
+        layer_norm_eps=1e-5,
+        norm_first=False,
+        final_norm=None,
+        *,
+        seed=None,
+        dtype="float32",
+    ):
         super().__init__()
         rng = generator_for(seed)
         self.num_layers = args.positive_int(type(self).__name__, "num_layers", num_layers)
-        self.layers = Sequential(*[
-            self._layer(d_model, num_heads, dim_feedforward, dropout, activation, layer_norm_eps, norm_first,
-                        seed=int(rng.integers(2**31)), dtype=dtype)
-            for _ in range(self.num_layers)
-        ])
+        self.layers = Sequential(
+            *[
+                self._layer(
+                    d_model,
+                    num_heads,
+                    dim_feedforward,
+                    dropout,
+                    activation,
+                    layer_norm_eps,
+                    norm_first,
+                    seed=int(rng.integers(2**31)),
+                    dtype=dtype,
+                )
+                for _ in range(self.num_layers)
+            ]
+        )
         # A pre-norm stack leaves its output un-normalised, so it gets a final norm by default.
         final_norm = norm_first if final_norm is None else final_norm
         self.norm = LayerNorm(d_model, eps=layer_norm_eps, dtype=dtype) if final_norm else None
@@ -220,11 +285,25 @@ class TransformerDecoder(_Stack):
 
     _layer = TransformerDecoderLayer
 
-    def forward(self, tgt, memory, tgt_mask=None, memory_mask=None, tgt_key_padding_mask=None,
-                memory_key_padding_mask=None, tgt_is_causal=False):
+    def forward(
+        self,
+        tgt,
+        memory,
+        tgt_mask=None,
+        memory_mask=None,
+        tgt_key_padding_mask=None,
+        memory_key_padding_mask=None,
+        tgt_is_causal=False,
+    ):
         x = tgt
         for layer in self.layers:
-            x = layer(x, memory, tgt_mask=tgt_mask, memory_mask=memory_mask,
-                      tgt_key_padding_mask=tgt_key_padding_mask,
-                      memory_key_padding_mask=memory_key_padding_mask, tgt_is_causal=tgt_is_causal)
+            x = layer(
+                x,
+                memory,
+                tgt_mask=tgt_mask,
+                memory_mask=memory_mask,
+                tgt_key_padding_mask=tgt_key_padding_mask,
+                memory_key_padding_mask=memory_key_padding_mask,
+                tgt_is_causal=tgt_is_causal,
+            )
         return self._finish(x)

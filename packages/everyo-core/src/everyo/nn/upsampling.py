@@ -1,4 +1,5 @@
 """UpSampling2D: enlarge NHWC feature maps by integer factors."""
+
 from everyo.nn import arguments as args
 from everyo.nn.module import Module, as_input
 from everyo.upsampling import upsample2d

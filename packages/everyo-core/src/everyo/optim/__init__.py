@@ -1,4 +1,5 @@
 """Optimizers, learning-rate schedules (``everyo.optim.lr_scheduler``) and gradient clipping."""
+
 from everyo.optim.optimizer import Optimizer
 from everyo.optim.sgd import SGD
 from everyo.optim.adam import Adam, AdamW

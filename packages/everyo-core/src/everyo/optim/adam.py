@@ -28,8 +28,13 @@ class Adam(Optimizer):
         >>> opt = eo.Adam(model.parameters(), lr=1e-3, amsgrad=True)
     """
 
-    _hyper = {"lr": Real(), "betas": Pair(Real(0.0, 1.0, open_high=True)), "eps": Real(),
-              "weight_decay": Real(), "amsgrad": Flag()}
+    _hyper = {
+        "lr": Real(),
+        "betas": Pair(Real(0.0, 1.0, open_high=True)),
+        "eps": Real(),
+        "weight_decay": Real(),
+        "amsgrad": Flag(),
+    }
     _decoupled = False
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, amsgrad=False):
@@ -42,8 +47,13 @@ class Adam(Optimizer):
 
     def _step(self):
         for group, indexed in self._groups():
-            lr, (b1, b2), eps, wd, amsgrad = (group["lr"], group["betas"], group["eps"], group["weight_decay"],
-                                              group["amsgrad"])
+            lr, (b1, b2), eps, wd, amsgrad = (
+                group["lr"],
+                group["betas"],
+                group["eps"],
+                group["weight_decay"],
+                group["amsgrad"],
+            )
             for i, p in indexed:
                 g = p.grad
                 if g is None:
@@ -70,10 +80,10 @@ class Adam(Optimizer):
                 if amsgrad:
                     v = np.maximum(state["max_exp_avg_sq"], v, out=state["max_exp_avg_sq"])
                 denom = np.sqrt(v, out=gg)  # reuses the scratch array
-                denom /= math.sqrt(1 - b2 ** t)
+                denom /= math.sqrt(1 - b2**t)
                 denom += eps
                 np.divide(m, denom, out=denom)
-                denom *= lr / (1 - b1 ** t)
+                denom *= lr / (1 - b1**t)
                 p.data -= denom  # through the Tensor: bumps its version
 
 

@@ -6,6 +6,7 @@ a tuple of floats) or raises with the reason. The same checks run when a
 param group is added and when a state dict is loaded, so a bad value (say
 ``lr="fast"``) is refused where it is given, not at ``step()``.
 """
+
 import math
 import numbers
 

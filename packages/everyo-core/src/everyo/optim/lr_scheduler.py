@@ -23,14 +23,24 @@ Examples:
     >>> scheduler.get_last_lr()
     [0.064]
 """
+
 import bisect
 import math
 
 from everyo.errors import EveryOStateDictError
 from everyo.optim.hyper import Choice, Flag, Integer, PerGroup, Real, _real, checked
 
-__all__ = ["LRScheduler", "StepLR", "MultiStepLR", "ExponentialLR", "CosineAnnealingLR", "LinearLR",
-           "OneCycleLR", "ReduceLROnPlateau", "SequentialLR"]
+__all__ = [
+    "LRScheduler",
+    "StepLR",
+    "MultiStepLR",
+    "ExponentialLR",
+    "CosineAnnealingLR",
+    "LinearLR",
+    "OneCycleLR",
+    "ReduceLROnPlateau",
+    "SequentialLR",
+]
 
 
 class Milestones:
@@ -64,8 +74,10 @@ class LRScheduler:
             if last_epoch == -1:
                 group.setdefault("initial_lr", group["lr"])
             elif "initial_lr" not in group:
-                raise KeyError(f"{name}(last_epoch={last_epoch}): param group {i} has no 'initial_lr'; resume "
-                               f"by loading the scheduler's state_dict, or start with last_epoch=-1")
+                raise KeyError(
+                    f"{name}(last_epoch={last_epoch}): param group {i} has no 'initial_lr'; resume "
+                    f"by loading the scheduler's state_dict, or start with last_epoch=-1"
+                )
         self.base_lrs = [Real()(g["initial_lr"]) for g in groups]
         self.last_epoch = last_epoch
         self.step()
@@ -113,7 +125,8 @@ class LRScheduler:
         if not isinstance(state_dict, dict) or set(state_dict) != set(self._state_names()):
             raise EveryOStateDictError(
                 f"{name}.load_state_dict needs the keys {sorted(self._state_names())} (as returned by state_dict()), "
-                f"got {sorted(state_dict) if isinstance(state_dict, dict) else type(state_dict).__name__}")
+                f"got {sorted(state_dict) if isinstance(state_dict, dict) else type(state_dict).__name__}"
+            )
         where = "the loaded state dict"
         values = checked(name, self._checks(), state_dict, where)
         values["last_epoch"] = checked(name, {"last_epoch": Integer(0)}, state_dict, where)["last_epoch"]
@@ -193,7 +206,7 @@ class ExponentialLR(LRScheduler):
         return {"gamma": Real()}
 
     def _lr(self, i, base_lr):
-        return base_lr * self.gamma ** self.last_epoch
+        return base_lr * self.gamma**self.last_epoch
 
 
 class CosineAnnealingLR(LRScheduler):
@@ -233,8 +246,9 @@ class LinearLR(LRScheduler):
     """
 
     def __init__(self, optimizer, start_factor=1.0 / 3, end_factor=1.0, total_iters=5, last_epoch=-1):
-        super().__init__(optimizer, last_epoch, start_factor=start_factor, end_factor=end_factor,
-                         total_iters=total_iters)
+        super().__init__(
+            optimizer, last_epoch, start_factor=start_factor, end_factor=end_factor, total_iters=total_iters
+        )
 
     def _checks(self):
         return {"start_factor": Real(), "end_factor": Real(), "total_iters": Integer(1)}
@@ -266,9 +280,23 @@ class OneCycleLR(LRScheduler):
         40
     """
 
-    def __init__(self, optimizer, max_lr, total_steps=None, epochs=None, steps_per_epoch=None, pct_start=0.3,
-                 anneal_strategy="cos", cycle_momentum=True, base_momentum=0.85, max_momentum=0.95,
-                 div_factor=25.0, final_div_factor=1e4, three_phase=False, last_epoch=-1):
+    def __init__(
+        self,
+        optimizer,
+        max_lr,
+        total_steps=None,
+        epochs=None,
+        steps_per_epoch=None,
+        pct_start=0.3,
+        anneal_strategy="cos",
+        cycle_momentum=True,
+        base_momentum=0.85,
+        max_momentum=0.95,
+        div_factor=25.0,
+        final_div_factor=1e4,
+        three_phase=False,
+        last_epoch=-1,
+    ):
         groups = _optimizer_groups(optimizer, "OneCycleLR")
         self._groups = len(groups)
         if total_steps is None:
@@ -277,33 +305,57 @@ class OneCycleLR(LRScheduler):
             total_steps = Integer(1)(epochs) * Integer(1)(steps_per_epoch)
         momentum_key = "betas" if "betas" in groups[0] else "momentum"
         if cycle_momentum and momentum_key not in groups[0]:
-            raise ValueError(f"OneCycleLR: cycle_momentum=True, but {type(optimizer).__name__} has neither "
-                             f"'momentum' nor 'betas'; pass cycle_momentum=False")
+            raise ValueError(
+                f"OneCycleLR: cycle_momentum=True, but {type(optimizer).__name__} has neither "
+                f"'momentum' nor 'betas'; pass cycle_momentum=False"
+            )
         self._momentum_key = momentum_key
         if last_epoch == -1:
-            max_lrs = checked("OneCycleLR", {"max_lr": PerGroup(Real(), len(groups))}, {"max_lr": max_lr},
-                              "the arguments")["max_lr"]
+            max_lrs = checked(
+                "OneCycleLR", {"max_lr": PerGroup(Real(), len(groups))}, {"max_lr": max_lr}, "the arguments"
+            )["max_lr"]
             for group, peak in zip(groups, max_lrs):
                 group["initial_lr"] = peak / Real()(div_factor)
-        super().__init__(optimizer, last_epoch, max_lr=max_lr, total_steps=total_steps, pct_start=pct_start,
-                         anneal_strategy=anneal_strategy, cycle_momentum=cycle_momentum,
-                         base_momentum=base_momentum, max_momentum=max_momentum, div_factor=div_factor,
-                         final_div_factor=final_div_factor, three_phase=three_phase)
+        super().__init__(
+            optimizer,
+            last_epoch,
+            max_lr=max_lr,
+            total_steps=total_steps,
+            pct_start=pct_start,
+            anneal_strategy=anneal_strategy,
+            cycle_momentum=cycle_momentum,
+            base_momentum=base_momentum,
+            max_momentum=max_momentum,
+            div_factor=div_factor,
+            final_div_factor=final_div_factor,
+            three_phase=three_phase,
+        )
 
     def _checks(self):
         per_group = lambda check: PerGroup(check, self._groups)  # noqa: E731
-        return {"max_lr": per_group(Real()), "total_steps": Integer(1), "pct_start": Real(0.0, 1.0),
-                "anneal_strategy": Choice("cos", "linear"), "cycle_momentum": Flag(),
-                "base_momentum": per_group(Real(0.0, 1.0)), "max_momentum": per_group(Real(0.0, 1.0)),
-                "div_factor": Real(), "final_div_factor": Real(), "three_phase": Flag()}
+        return {
+            "max_lr": per_group(Real()),
+            "total_steps": Integer(1),
+            "pct_start": Real(0.0, 1.0),
+            "anneal_strategy": Choice("cos", "linear"),
+            "cycle_momentum": Flag(),
+            "base_momentum": per_group(Real(0.0, 1.0)),
+            "max_momentum": per_group(Real(0.0, 1.0)),
+            "div_factor": Real(),
+            "final_div_factor": Real(),
+            "three_phase": Flag(),
+        }
 
     def _phases(self):
         """(last step, start lr, end lr, start momentum, end momentum) of each phase, lrs as
         'initial'/'max'/'min', momenta as 'base'/'max'."""
         n, pct = self.total_steps, self.pct_start
         if self.three_phase:
-            return [(pct * n - 1, "initial", "max", "max", "base"), (2 * pct * n - 2, "max", "initial", "base", "max"),
-                    (n - 1, "initial", "min", "max", "max")]
+            return [
+                (pct * n - 1, "initial", "max", "max", "base"),
+                (2 * pct * n - 2, "max", "initial", "base", "max"),
+                (n - 1, "initial", "min", "max", "max"),
+            ]
         return [(pct * n - 1, "initial", "max", "max", "base"), (n - 1, "max", "min", "base", "max")]
 
     def _anneal(self, start, end, pct):
@@ -361,14 +413,18 @@ class SequentialLR(LRScheduler):
         schedulers = list(schedulers)
         for k, s in enumerate(schedulers):
             if not isinstance(s, LRScheduler) or isinstance(s, SequentialLR):
-                raise TypeError(f"SequentialLR: schedulers[{k}] is a {type(s).__name__}; it takes the closed-form "
-                                f"schedules (StepLR, ..., OneCycleLR), not ReduceLROnPlateau or another SequentialLR")
+                raise TypeError(
+                    f"SequentialLR: schedulers[{k}] is a {type(s).__name__}; it takes the closed-form "
+                    f"schedules (StepLR, ..., OneCycleLR), not ReduceLROnPlateau or another SequentialLR"
+                )
             if s.optimizer is not optimizer:
                 raise ValueError(f"SequentialLR: schedulers[{k}] drives another optimizer than this one")
         milestones = Milestones()(milestones)
         if len(milestones) != len(schedulers) - 1:
-            raise ValueError(f"SequentialLR: {len(schedulers)} schedulers need {len(schedulers) - 1} milestones, "
-                             f"got {len(milestones)}")
+            raise ValueError(
+                f"SequentialLR: {len(schedulers)} schedulers need {len(schedulers) - 1} milestones, "
+                f"got {len(milestones)}"
+            )
         self.optimizer, self._schedulers, self.milestones = optimizer, schedulers, milestones
         self.base_lrs = [g["initial_lr"] for g in groups]
         self.last_epoch = Integer(-1)(last_epoch)
@@ -390,23 +446,32 @@ class SequentialLR(LRScheduler):
         self._last_lr = scheduler.get_last_lr()
 
     def state_dict(self):
-        return {"last_epoch": self.last_epoch, "milestones": list(self.milestones),
-                "schedulers": [s.state_dict() for s in self._schedulers]}
+        return {
+            "last_epoch": self.last_epoch,
+            "milestones": list(self.milestones),
+            "schedulers": [s.state_dict() for s in self._schedulers],
+        }
 
     def load_state_dict(self, state_dict):
         if not isinstance(state_dict, dict) or set(state_dict) != {"last_epoch", "milestones", "schedulers"}:
-            raise EveryOStateDictError("SequentialLR.load_state_dict needs 'last_epoch', 'milestones' and "
-                                       "'schedulers' (as returned by state_dict())")
+            raise EveryOStateDictError(
+                "SequentialLR.load_state_dict needs 'last_epoch', 'milestones' and "
+                "'schedulers' (as returned by state_dict())"
+            )
         children = state_dict["schedulers"]
         if not isinstance(children, (list, tuple)) or len(children) != len(self._schedulers):
-            raise EveryOStateDictError(f"SequentialLR: the state dict holds {len(children)} schedulers' states, "
-                                       f"this one has {len(self._schedulers)} schedulers")
+            raise EveryOStateDictError(
+                f"SequentialLR: the state dict holds {len(children)} schedulers' states, "
+                f"this one has {len(self._schedulers)} schedulers"
+            )
         values = [s._validated(c) for s, c in zip(self._schedulers, children)]
         where = "the loaded state dict"
         own = checked("SequentialLR", {"last_epoch": Integer(0), "milestones": Milestones()}, state_dict, where)
         if len(own["milestones"]) != len(self._schedulers) - 1:
-            raise EveryOStateDictError(f"SequentialLR: the state dict has {len(own['milestones'])} milestones, "
-                                       f"this one needs {len(self._schedulers) - 1}")
+            raise EveryOStateDictError(
+                f"SequentialLR: the state dict has {len(own['milestones'])} milestones, "
+                f"this one needs {len(self._schedulers) - 1}"
+            )
         for s, v in zip(self._schedulers, values):
             s.__dict__.update(v)
         self.__dict__.update(own)
@@ -430,14 +495,35 @@ class ReduceLROnPlateau:
         0.05
     """
 
-    def __init__(self, optimizer, mode="min", factor=0.1, patience=10, threshold=1e-4, threshold_mode="rel",
-                 cooldown=0, min_lr=0.0, eps=1e-8):
+    def __init__(
+        self,
+        optimizer,
+        mode="min",
+        factor=0.1,
+        patience=10,
+        threshold=1e-4,
+        threshold_mode="rel",
+        cooldown=0,
+        min_lr=0.0,
+        eps=1e-8,
+    ):
         self.optimizer = optimizer
         groups = _optimizer_groups(optimizer, "ReduceLROnPlateau")
-        values = checked("ReduceLROnPlateau", self._checks(len(groups)),
-                         dict(mode=mode, factor=factor, patience=patience, threshold=threshold,
-                              threshold_mode=threshold_mode, cooldown=cooldown, min_lr=min_lr, eps=eps),
-                         "the arguments")
+        values = checked(
+            "ReduceLROnPlateau",
+            self._checks(len(groups)),
+            dict(
+                mode=mode,
+                factor=factor,
+                patience=patience,
+                threshold=threshold,
+                threshold_mode=threshold_mode,
+                cooldown=cooldown,
+                min_lr=min_lr,
+                eps=eps,
+            ),
+            "the arguments",
+        )
         self.__dict__.update(values)
         self.best = math.inf if self.mode == "min" else -math.inf
         self.num_bad_epochs = self.cooldown_counter = self.last_epoch = 0
@@ -445,9 +531,16 @@ class ReduceLROnPlateau:
 
     @staticmethod
     def _checks(groups):
-        return {"mode": Choice("min", "max"), "factor": Real(0.0, 1.0, open_high=True), "patience": Integer(0),
-                "threshold": Real(), "threshold_mode": Choice("rel", "abs"), "cooldown": Integer(0),
-                "min_lr": PerGroup(Real(), groups), "eps": Real()}
+        return {
+            "mode": Choice("min", "max"),
+            "factor": Real(0.0, 1.0, open_high=True),
+            "patience": Integer(0),
+            "threshold": Real(),
+            "threshold_mode": Choice("rel", "abs"),
+            "cooldown": Integer(0),
+            "min_lr": PerGroup(Real(), groups),
+            "eps": Real(),
+        }
 
     def _improves(self, value):
         if self.mode == "min":
@@ -487,8 +580,9 @@ class ReduceLROnPlateau:
     def load_state_dict(self, state_dict):
         names = {*self._checks(1), *self._STATE}
         if not isinstance(state_dict, dict) or set(state_dict) != names:
-            raise EveryOStateDictError(f"ReduceLROnPlateau.load_state_dict needs the keys {sorted(names)} "
-                                       f"(as returned by state_dict())")
+            raise EveryOStateDictError(
+                f"ReduceLROnPlateau.load_state_dict needs the keys {sorted(names)} (as returned by state_dict())"
+            )
         where = "the loaded state dict"
         values = checked("ReduceLROnPlateau", self._checks(len(self.optimizer.param_groups)), state_dict, where)
         counters = {"num_bad_epochs": Integer(0), "cooldown_counter": Integer(0), "last_epoch": Integer(0)}

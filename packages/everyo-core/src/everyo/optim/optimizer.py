@@ -1,4 +1,5 @@
 """Optimizer base: param groups, zero_grad and a checkpointable, validated state."""
+
 import numpy as np
 
 from everyo import autograd
@@ -39,8 +40,10 @@ class Optimizer:
         self.params = []
         self.state = {}
         if isinstance(params, (Tensor, dict)):
-            raise TypeError(f"{name}: params must be an iterable of Tensors or of param-group dicts, "
-                            f"got a single {type(params).__name__}; wrap it in a list")
+            raise TypeError(
+                f"{name}: params must be an iterable of Tensors or of param-group dicts, "
+                f"got a single {type(params).__name__}; wrap it in a list"
+            )
         groups = list(params)
         if all(isinstance(g, dict) for g in groups):
             for group in groups:
@@ -66,8 +69,10 @@ class Optimizer:
         if isinstance(params, Tensor):
             params = [params]
         elif isinstance(params, (set, frozenset)):
-            raise TypeError(f"{name}: {where} gives its params as a set, whose order changes between runs; "
-                            f"use a list so checkpoints map state to the right parameter")
+            raise TypeError(
+                f"{name}: {where} gives its params as a set, whose order changes between runs; "
+                f"use a list so checkpoints map state to the right parameter"
+            )
         else:
             params = list(params)
         seen = {id(p): g for g, group in enumerate(self.param_groups) for p in group["params"]}
@@ -75,12 +80,16 @@ class Optimizer:
             if not isinstance(p, Tensor):
                 raise TypeError(f"{name}: {where}, entry {k} is a {type(p).__name__}, not a Tensor")
             if not p.is_leaf:
-                raise ValueError(f"{name}: {where}, entry {k} (shape {p.shape}) is the result of an op, not a "
-                                 f"leaf; optimize the Parameter (or a detached copy) instead")
+                raise ValueError(
+                    f"{name}: {where}, entry {k} (shape {p.shape}) is the result of an op, not a "
+                    f"leaf; optimize the Parameter (or a detached copy) instead"
+                )
             if id(p) in seen:
                 other = "the same group" if seen[id(p)] == len(self.param_groups) else f"param group {seen[id(p)]}"
-                raise ValueError(f"{name}: the parameter of shape {p.shape} in {where} (entry {k}) is already "
-                                 f"in {other}; a parameter can belong to one group only, once")
+                raise ValueError(
+                    f"{name}: the parameter of shape {p.shape} in {where} (entry {k}) is already "
+                    f"in {other}; a parameter can belong to one group only, once"
+                )
             seen[id(p)] = len(self.param_groups)
         values = {**self.defaults, **param_group}
         group = {**param_group, **checked(name, self._hyper, values, where)}
@@ -100,15 +109,16 @@ class Optimizer:
             values = [g[name] for g in groups]
             if all(v == values[0] for v in values):
                 return values[0]
-            raise AttributeError(f"{type(self).__name__}.{name}: the param groups differ ({values}); "
-                                 f"read optimizer.param_groups[i][{name!r}]")
+            raise AttributeError(
+                f"{type(self).__name__}.{name}: the param groups differ ({values}); "
+                f"read optimizer.param_groups[i][{name!r}]"
+            )
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def __setattr__(self, name, value):
         if name in type(self)._hyper and "param_groups" in self.__dict__:
             for i, group in enumerate(self.param_groups):
-                group.update(checked(type(self).__name__, {name: self._hyper[name]}, {name: value},
-                                     f"param group {i}"))
+                group.update(checked(type(self).__name__, {name: self._hyper[name]}, {name: value}, f"param group {i}"))
             return
         object.__setattr__(self, name, value)
 
@@ -153,8 +163,10 @@ class Optimizer:
             entry["params"] = list(range(start, start + len(group["params"])))
             start += len(group["params"])
             groups.append(entry)
-        state = {str(i): {k: (v.copy() if isinstance(v, np.ndarray) else v) for k, v in s.items()}
-                 for i, s in self.state.items()}
+        state = {
+            str(i): {k: (v.copy() if isinstance(v, np.ndarray) else v) for k, v in s.items()}
+            for i, s in self.state.items()
+        }
         return {"state": state, "param_groups": groups}
 
     def load_state_dict(self, state_dict):
@@ -168,8 +180,9 @@ class Optimizer:
         name = type(self).__name__
         try:
             state = state_dict["state"]
-            saved_groups = (state_dict["param_groups"] if "param_groups" in state_dict
-                            else self._legacy_groups(state_dict["hyper"]))
+            saved_groups = (
+                state_dict["param_groups"] if "param_groups" in state_dict else self._legacy_groups(state_dict["hyper"])
+            )
         except (KeyError, TypeError):
             raise EveryOStateDictError(
                 f"{name}.load_state_dict needs a dict with 'param_groups' and 'state' (as returned by "
@@ -221,18 +234,21 @@ class Optimizer:
         for k in keys:
             if k not in entry:
                 raise EveryOStateDictError(
-                    f"{type(self).__name__} state for parameter {index} has no {k!r} (it has {sorted(entry)})")
+                    f"{type(self).__name__} state for parameter {index} has no {k!r} (it has {sorted(entry)})"
+                )
             if k != "step" and not isinstance(entry[k], np.ndarray):
                 raise EveryOStateDictError(
                     f"{type(self).__name__} state {k!r} for parameter {index} must be an array, got "
-                    f"{type(entry[k]).__name__}")
+                    f"{type(entry[k]).__name__}"
+                )
         if "step" in entry:
             step = entry["step"]
             if isinstance(step, np.ndarray):
                 step = step[()] if step.ndim == 0 else step
             if isinstance(step, (bool, np.bool_)) or not isinstance(step, (int, np.integer)) or step < 0:
                 raise EveryOStateDictError(
-                    f"{type(self).__name__} state 'step' for parameter {index} must be an int >= 0, got {step!r}")
+                    f"{type(self).__name__} state 'step' for parameter {index} must be an int >= 0, got {step!r}"
+                )
 
     @staticmethod
     def _own(value, p):
@@ -261,7 +277,8 @@ class Optimizer:
         if len(saved_groups) != len(self.param_groups):
             raise EveryOStateDictError(
                 f"{name}: the state dict has {len(saved_groups)} param groups, this optimizer has "
-                f"{len(self.param_groups)}")
+                f"{len(self.param_groups)}"
+            )
         index_of = {}
         for g, (saved, (group, indexed)) in enumerate(zip(saved_groups, self._groups())):
             ids = saved.get("params")
@@ -271,12 +288,17 @@ class Optimizer:
                 got = len(ids) if isinstance(ids, (list, tuple)) else repr(ids)
                 raise EveryOStateDictError(
                     f"{name}: param group {g} of the state dict has {got} parameters, this optimizer's has "
-                    f"{len(group['params'])}")
+                    f"{len(group['params'])}"
+                )
             for saved_id, (i, _) in zip(ids, indexed):
-                if isinstance(saved_id, (bool, np.bool_)) or not isinstance(saved_id, (int, np.integer)) \
-                        or int(saved_id) in index_of:
+                if (
+                    isinstance(saved_id, (bool, np.bool_))
+                    or not isinstance(saved_id, (int, np.integer))
+                    or int(saved_id) in index_of
+                ):
                     raise EveryOStateDictError(
                         f"{name}: param group {g} of the state dict lists parameter id {saved_id!r} "
-                        f"(ids must be distinct ints)")
+                        f"(ids must be distinct ints)"
+                    )
                 index_of[int(saved_id)] = i
         return index_of

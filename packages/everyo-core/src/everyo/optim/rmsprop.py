@@ -25,17 +25,27 @@ class RMSprop(Optimizer):
         >>> opt = eo.RMSprop(model.parameters(), lr=1e-3, momentum=0.9, centered=True)
     """
 
-    _hyper = {"lr": Real(), "alpha": Real(0.0, 1.0), "eps": Real(), "weight_decay": Real(),
-              "momentum": Real(), "centered": Flag()}
+    _hyper = {
+        "lr": Real(),
+        "alpha": Real(0.0, 1.0),
+        "eps": Real(),
+        "weight_decay": Real(),
+        "momentum": Real(),
+        "centered": Flag(),
+    }
 
     def __init__(self, params, lr=1e-2, alpha=0.99, eps=1e-8, weight_decay=0.0, momentum=0.0, centered=False):
-        super().__init__(params, dict(lr=lr, alpha=alpha, eps=eps, weight_decay=weight_decay, momentum=momentum,
-                                      centered=centered))
+        super().__init__(
+            params, dict(lr=lr, alpha=alpha, eps=eps, weight_decay=weight_decay, momentum=momentum, centered=centered)
+        )
 
     def _check_state(self, index, entry, group):
         if entry:
-            keys = (("step", "square_avg") + (("momentum_buffer",) if group["momentum"] > 0 else ())
-                    + (("grad_avg",) if group["centered"] else ()))
+            keys = (
+                ("step", "square_avg")
+                + (("momentum_buffer",) if group["momentum"] > 0 else ())
+                + (("grad_avg",) if group["centered"] else ())
+            )
             self._require(index, entry, keys)
 
     def _step(self):

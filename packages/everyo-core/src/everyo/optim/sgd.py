@@ -26,17 +26,19 @@ class SGD(Optimizer):
         >>> opt = eo.SGD(model.parameters(), lr=0.05, momentum=0.9)
     """
 
-    _hyper = {"lr": Real(), "momentum": Real(), "dampening": Real(0.0, 1.0), "nesterov": Flag(),
-              "weight_decay": Real()}
+    _hyper = {"lr": Real(), "momentum": Real(), "dampening": Real(0.0, 1.0), "nesterov": Flag(), "weight_decay": Real()}
 
     def __init__(self, params, lr=0.01, momentum=0.0, dampening=0.0, nesterov=False, weight_decay=0.0):
-        super().__init__(params, dict(lr=lr, momentum=momentum, dampening=dampening, nesterov=nesterov,
-                                      weight_decay=weight_decay))
+        super().__init__(
+            params, dict(lr=lr, momentum=momentum, dampening=dampening, nesterov=nesterov, weight_decay=weight_decay)
+        )
 
     def _check_group(self, group, where):
         if group["nesterov"] and (group["momentum"] <= 0 or group["dampening"] != 0):
-            raise ValueError(f"SGD: nesterov=True in {where} needs momentum > 0 and dampening == 0, got "
-                             f"momentum={group['momentum']!r}, dampening={group['dampening']!r}")
+            raise ValueError(
+                f"SGD: nesterov=True in {where} needs momentum > 0 and dampening == 0, got "
+                f"momentum={group['momentum']!r}, dampening={group['dampening']!r}"
+            )
 
     def _check_state(self, index, entry, group):
         if entry:

@@ -14,6 +14,7 @@ one protocol module:
 Shared memory is loaded only when ``spawn`` is first used, so this package
 (and the TCP and MPI backends) import where ``_posixshmem`` does not exist.
 """
+
 from everyo.distributed._version import __version__  # noqa: F401
 from everyo.errors import EveryODistributedError
 from everyo.distributed.protocol import (

@@ -15,6 +15,7 @@ Buckets are sent strictly in bucket order on every rank (a bucket completed
 early waits for the ones before it), so the ranks' collectives always line
 up, whichever order their gradients arrive in.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -51,18 +52,18 @@ class _Bucket:
 
     def flatten(self) -> np.ndarray:
         flat = np.zeros(self.size + len(self.params), self.dtype)
-        flags = flat[self.size:]
+        flags = flat[self.size :]
         for i, (p, start) in enumerate(zip(self.params, self.offsets)):
             if p.grad is not None:
-                flat[start:start + p.data.size] = np.asarray(p.grad).reshape(-1)
+                flat[start : start + p.data.size] = np.asarray(p.grad).reshape(-1)
                 flags[i] = 1
         return flat
 
     def write_back(self, averaged: np.ndarray) -> None:
-        present = averaged[self.size:] > 0
+        present = averaged[self.size :] > 0
         for p, start, has_grad in zip(self.params, self.offsets, present):
             if has_grad:
-                p.grad = averaged[start:start + p.data.size].reshape(p.data.shape)
+                p.grad = averaged[start : start + p.data.size].reshape(p.data.shape)
             # no rank had a gradient: .grad stays None everywhere, so optimizers skip it
 
 
@@ -76,7 +77,7 @@ class _Pass:
         self.done = [threading.Event() for _ in buckets]
         self.results: List[Optional[np.ndarray]] = [None] * len(buckets)
         self.error: Optional[BaseException] = None
-        self.seconds = 0.0      # the background thread's time on this pass's buckets
+        self.seconds = 0.0  # the background thread's time on this pass's buckets
 
 
 class DistributedDataParallel(Module):
@@ -190,7 +191,9 @@ class DistributedDataParallel(Module):
     def _check_same_model(self) -> None:
         """Every rank must hold the same names, shapes and dtypes; otherwise name the first difference."""
         group = self.group
-        descriptions = [f"{kind} {name!r} shape {tuple(t.data.shape)} {t.data.dtype}" for kind, name, t in self._entries()]
+        descriptions = [
+            f"{kind} {name!r} shape {tuple(t.data.shape)} {t.data.dtype}" for kind, name, t in self._entries()
+        ]
         counts = group.all_gather(np.array([len(descriptions)], np.int64))[:, 0]
         longest = int(counts.max())
         digests = np.zeros(longest, np.uint64)
@@ -204,17 +207,20 @@ class DistributedDataParallel(Module):
         mine = descriptions[first] if first < len(descriptions) else f"no entry #{first} ({len(descriptions)} in all)"
         raw = np.zeros(_DESCRIPTION_BYTES, np.uint8)
         encoded = mine.encode()[:_DESCRIPTION_BYTES]
-        raw[:len(encoded)] = np.frombuffer(encoded, np.uint8)
+        raw[: len(encoded)] = np.frombuffer(encoded, np.uint8)
         gathered = group.all_gather(raw)
         by_text = {}
         for rank, row in enumerate(gathered):
             by_text.setdefault(row.tobytes().rstrip(b"\0").decode(errors="replace"), []).append(rank)
-        lines = [f"  {'rank' if len(r) == 1 else 'ranks'} {', '.join(map(str, r))}: {text}"
-                 for text, r in by_text.items()]
+        lines = [
+            f"  {'rank' if len(r) == 1 else 'ranks'} {', '.join(map(str, r))}: {text}" for text, r in by_text.items()
+        ]
         raise EveryODistributedError(
             f"DistributedDataParallel: the ranks' models differ at parameter/buffer #{first} "
-            f"(counts per rank: {counts.tolist()}):\n" + "\n".join(lines)
-            + "\nEvery rank must build the same model (same layers, in the same order, same dtypes).")
+            f"(counts per rank: {counts.tolist()}):\n"
+            + "\n".join(lines)
+            + "\nEvery rank must build the same model (same layers, in the same order, same dtypes)."
+        )
 
     def _broadcast_state(self, params: bool, buffers: bool) -> None:
         """Take rank 0's values: one broadcast per dtype (flat), in registration order."""
@@ -227,7 +233,7 @@ class DistributedDataParallel(Module):
             received = self.group.broadcast(np.concatenate([t.data.reshape(-1) for t in same_dtype]), root=0)
             offset = 0
             for t in same_dtype:
-                t.data = received[offset:offset + t.data.size].reshape(t.data.shape).copy()
+                t.data = received[offset : offset + t.data.size].reshape(t.data.shape).copy()
                 offset += t.data.size
 
     # -- during backward ------------------------------------------------------------------------
@@ -287,7 +293,8 @@ class DistributedDataParallel(Module):
             if current.error is not None:
                 raise EveryODistributedError(
                     f"DistributedDataParallel: averaging the gradients failed on rank {self.group.rank}: "
-                    f"{type(current.error).__name__}: {current.error}") from current.error
+                    f"{type(current.error).__name__}: {current.error}"
+                ) from current.error
             for bucket, averaged in zip(self._buckets, current.results):
                 bucket.write_back(averaged)
         finally:
@@ -306,8 +313,12 @@ class DistributedDataParallel(Module):
         if self._worker is None or not self._worker.is_alive():
             # The thread holds the queue and a weak reference only, so a dropped wrapper is
             # collected and its thread ends (within _IDLE_CHECK_SECONDS).
-            worker = threading.Thread(target=_serve, args=(self._jobs, weakref.ref(self)),
-                                      name=f"everyo-ddp-rank{self.group.rank}", daemon=True)
+            worker = threading.Thread(
+                target=_serve,
+                args=(self._jobs, weakref.ref(self)),
+                name=f"everyo-ddp-rank{self.group.rank}",
+                daemon=True,
+            )
             self._worker = worker
             worker.start()
 

@@ -1,4 +1,5 @@
 """``average_gradients``: one collective per optimizer step, whatever the model."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -42,7 +43,7 @@ def average_gradients(parameters, group) -> None:
     offset = 0
     for i, (p, n) in enumerate(zip(params, sizes)):
         if p.grad is not None:
-            flat[offset:offset + n] = np.asarray(p.grad).reshape(-1)
+            flat[offset : offset + n] = np.asarray(p.grad).reshape(-1)
             flags[i] = 1
         offset += n
     averaged = group.all_reduce_mean(flat)
@@ -51,5 +52,5 @@ def average_gradients(parameters, group) -> None:
     for p, n, has_grad in zip(params, sizes, present):
         if has_grad:
             grad_dtype = p.grad.dtype if p.grad is not None else p.data.dtype
-            p.grad = averaged[offset:offset + n].reshape(p.data.shape).astype(grad_dtype, copy=True)
+            p.grad = averaged[offset : offset + n].reshape(p.data.shape).astype(grad_dtype, copy=True)
         offset += n

@@ -23,6 +23,7 @@ all-gather are ``Bcast`` and ``Allgather`` on the arrays' bytes.
 Needs the ``mpi`` extra: ``pip install everyo-distributed[mpi]`` (mpi4py and
 the mpich wheel).
 """
+
 from __future__ import annotations
 
 import os
@@ -32,13 +33,21 @@ import sys
 import numpy as np
 
 from everyo.errors import EveryODistributedError
-from everyo.distributed.protocol import CollectiveRecord, ProcessGroup, check_records, reduce_in_rank_order, split_blocks
+from everyo.distributed.protocol import (
+    CollectiveRecord,
+    ProcessGroup,
+    check_records,
+    reduce_in_rank_order,
+    split_blocks,
+)
 
 __all__ = ["init_mpi_process_group", "MPIProcessGroup", "find_mpiexec"]
 
 _NATIVE_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
-_INSTALL_HINT = ("everyo.distributed_mpi needs mpi4py and an MPI library. Install them with: "
-                 "pip install everyo-distributed[mpi]   (or: pip install mpi4py mpich)")
+_INSTALL_HINT = (
+    "everyo.distributed_mpi needs mpi4py and an MPI library. Install them with: "
+    "pip install everyo-distributed[mpi]   (or: pip install mpi4py mpich)"
+)
 
 
 def _mpi():
@@ -94,9 +103,11 @@ def _install_abort_hook(MPI) -> None:
 
     def abort_job(kind, value, tb):
         try:
-            previous(kind, value, tb)        # the traceback first, while stderr still works
-            sys.stderr.write(f"everyo.distributed_mpi: uncaught {kind.__name__} on rank "
-                             f"{MPI.COMM_WORLD.Get_rank()}: aborting the MPI job (MPI.COMM_WORLD.Abort)\n")
+            previous(kind, value, tb)  # the traceback first, while stderr still works
+            sys.stderr.write(
+                f"everyo.distributed_mpi: uncaught {kind.__name__} on rank "
+                f"{MPI.COMM_WORLD.Get_rank()}: aborting the MPI job (MPI.COMM_WORLD.Abort)\n"
+            )
             sys.stderr.flush()
         finally:
             MPI.COMM_WORLD.Abort(1)
@@ -137,7 +148,7 @@ class MPIProcessGroup(ProcessGroup):
             comm.Free()
 
     def _barrier(self, record) -> None:
-        self._agree(record)   # an Allgather completes only once every rank joined
+        self._agree(record)  # an Allgather completes only once every rank joined
 
     def _broadcast(self, record, data, root):
         self._agree(record)

@@ -28,6 +28,7 @@ other floats, by name, without importing ml_dtypes: it widens exactly to
 float64 and the float64 result is rounded once (ml_dtypes' cast, round to
 nearest even).
 """
+
 from __future__ import annotations
 
 import abc
@@ -75,9 +76,7 @@ class CollectiveRecord(NamedTuple):
     PACKED_SIZE = _FORMAT.size
 
     def pack(self) -> bytes:
-        return self._FORMAT.pack(
-            self.seq, self.size, self.root, self.op.encode("ascii"), self.dtype.encode("ascii")
-        )
+        return self._FORMAT.pack(self.seq, self.size, self.root, self.op.encode("ascii"), self.dtype.encode("ascii"))
 
     @classmethod
     def unpack(cls, data) -> "CollectiveRecord":
@@ -125,7 +124,7 @@ def check_records(records: Sequence[Optional[CollectiveRecord]]) -> None:
         raise EveryODistributedError(message)
 
 
-_MOVE_ONLY = ("broadcast", "all_gather")   # no arithmetic: bool is fine
+_MOVE_ONLY = ("broadcast", "all_gather")  # no arithmetic: bool is fine
 
 
 def is_float_dtype(dtype) -> bool:
@@ -157,7 +156,7 @@ def prepare_array(array, op: str) -> np.ndarray:
     returning it in the input dtype would truncate.
     """
     if not isinstance(array, np.ndarray):
-        inner = getattr(array, "data", None)      # an everyo Tensor holds its array in .data
+        inner = getattr(array, "data", None)  # an everyo Tensor holds its array in .data
         array = inner if isinstance(inner, np.ndarray) else np.asarray(array)
     # (np.ascontiguousarray would turn a 0-d array into shape (1,).)
     data = array if array.flags.c_contiguous else np.ascontiguousarray(array)
@@ -168,8 +167,8 @@ def prepare_array(array, op: str) -> np.ndarray:
     if kind not in ("fiub" if op in _MOVE_ONLY else "fiu"):
         raise EveryODistributedError(
             f"{op}: dtype {data.dtype} is not supported; collectives take float (float16, bfloat16, "
-            "float32, float64) or integer arrays" + (" (and bool for broadcast and all_gather)"
-                                                     if op not in _MOVE_ONLY else "")
+            "float32, float64) or integer arrays"
+            + (" (and bool for broadcast and all_gather)" if op not in _MOVE_ONLY else "")
         )
     if op.endswith("_mean") and kind != "f":
         raise EveryODistributedError(
@@ -179,8 +178,9 @@ def prepare_array(array, op: str) -> np.ndarray:
     return data
 
 
-def reduce_in_rank_order(slots: Sequence[np.ndarray], op: str, out: Optional[np.ndarray] = None,
-                         block: int = 1 << 15) -> np.ndarray:
+def reduce_in_rank_order(
+    slots: Sequence[np.ndarray], op: str, out: Optional[np.ndarray] = None, block: int = 1 << 15
+) -> np.ndarray:
     """Sum (or average) ``slots[0] + slots[1] + ...`` in exactly that order, in float64.
 
     Every rank calls this on the same inputs in the same order, so every rank
@@ -219,16 +219,21 @@ def reduce_in_rank_order(slots: Sequence[np.ndarray], op: str, out: Optional[np.
     flat_out = out.reshape(-1)
     flats = [s.reshape(-1) for s in slots]
     world = len(flats)
-    if world == 1:   # x -> float64 -> x is exact, and so is x / 1
+    if world == 1:  # x -> float64 -> x is exact, and so is x / 1
         np.copyto(flat_out, flats[0])
         return out
     floating = is_float_dtype(first.dtype)
-    native = first.dtype.kind == "f"   # bfloat16 always takes the float64 path below
+    native = first.dtype.kind == "f"  # bfloat16 always takes the float64 path below
     if native and world == 2 and op == "sum":
         np.add(flats[0], flats[1], out=flat_out)
         return out
-    if (native and first.dtype.itemsize >= 4 and world == 2 and op == "mean"
-            and not any(np.may_share_memory(flat_out, f) for f in flats)):
+    if (
+        native
+        and first.dtype.itemsize >= 4
+        and world == 2
+        and op == "mean"
+        and not any(np.may_share_memory(flat_out, f) for f in flats)
+    ):
         np.add(flats[0], flats[1], out=flat_out)
         np.multiply(flat_out, 0.5, out=flat_out)
         if np.isfinite(flat_out).all():
@@ -279,8 +284,8 @@ class ProcessGroup(abc.ABC):
 
     def __init__(self, rank: int, world_size: int):
         self._rank, self._world_size = rank, world_size
-        self._seq = 0              # collectives called so far: the record's sequence number
-        self._broken = None        # the first failure's message, once a collective failed
+        self._seq = 0  # collectives called so far: the record's sequence number
+        self._broken = None  # the first failure's message, once a collective failed
         self._closed = False
 
     @property
@@ -353,14 +358,16 @@ class ProcessGroup(abc.ABC):
     def _check_root(self, op: str, root) -> None:
         if not isinstance(root, (int, np.integer)) or isinstance(root, bool) or not 0 <= root < self._world_size:
             raise EveryODistributedError(
-                f"{op}: root {root!r} is not a rank of this group (world_size {self._world_size})")
+                f"{op}: root {root!r} is not a rank of this group (world_size {self._world_size})"
+            )
 
     def _reduce_scatter_call(self, array, op_name: str, op: str) -> np.ndarray:
         data = prepare_array(array, op_name)
         if data.ndim == 0:
             raise EveryODistributedError(
                 f"{op_name}: a 0-d array has no rows to scatter; pass an array of rank >= 1 "
-                "(its first axis is split across the ranks)")
+                "(its first axis is split across the ranks)"
+            )
         row = data.size // data.shape[0] if data.shape[0] else 0
         rows = split_blocks(data.shape[0], self._world_size)
         blocks = [(lo * row, hi * row) for lo, hi in rows]
@@ -375,11 +382,12 @@ class ProcessGroup(abc.ABC):
         """Check the group is usable, number the call, run the backend; a failure breaks the group."""
         if self._broken is not None:
             raise EveryODistributedError(
-                f"rank {self._rank}: the group is unusable after an earlier failure: {self._broken}")
+                f"rank {self._rank}: the group is unusable after an earlier failure: {self._broken}"
+            )
         if self._closed:
             raise EveryODistributedError(f"rank {self._rank}: {op} on a closed group")
         refusal = self._refuse(op, data)
-        if refusal is not None:   # refused locally, before any communication: the group stays usable
+        if refusal is not None:  # refused locally, before any communication: the group stays usable
             raise EveryODistributedError(refusal)
         if data is None:
             record = CollectiveRecord(op, 0, "none", self._seq, root)

@@ -1,4 +1,5 @@
 """``DistributedSampler``: each rank's share of every global batch, so N workers train on one process's batches."""
+
 from __future__ import annotations
 
 import operator
@@ -63,18 +64,19 @@ class DistributedSampler:
 
     def global_order(self) -> np.ndarray:
         """This epoch's indices for all ranks together: what one process iterates to see the same batches."""
-        order = (np.random.default_rng([self.seed, self.epoch]).permutation(self.n) if self.shuffle
-                 else np.arange(self.n))
+        order = (
+            np.random.default_rng([self.seed, self.epoch]).permutation(self.n) if self.shuffle else np.arange(self.n)
+        )
         world, extra = self.world_size, self.n % self.world_size
         if extra and self.drop_last:
-            order = order[:self.n - extra]
+            order = order[: self.n - extra]
         elif extra and self.n:
             order = np.concatenate([order, np.resize(order, world - extra)])
         return order.astype(np.int64, copy=False)
 
     def indices(self) -> np.ndarray:
         """This rank's indices for the current epoch, in order."""
-        return self.global_order()[self.rank::self.world_size]
+        return self.global_order()[self.rank :: self.world_size]
 
     def __iter__(self):
         return iter(self.indices().tolist())
@@ -85,5 +87,7 @@ class DistributedSampler:
         return -(-self.n // self.world_size)
 
     def __repr__(self):
-        return (f"DistributedSampler(n={self.n}, rank={self.rank}, world_size={self.world_size}, "
-                f"shuffle={self.shuffle}, seed={self.seed}, drop_last={self.drop_last}, epoch={self.epoch})")
+        return (
+            f"DistributedSampler(n={self.n}, rank={self.rank}, world_size={self.world_size}, "
+            f"shuffle={self.shuffle}, seed={self.seed}, drop_last={self.drop_last}, epoch={self.epoch})"
+        )

@@ -1,4 +1,5 @@
 """``shard_indices``: which rows of a data set a rank trains on."""
+
 from __future__ import annotations
 
 import operator

@@ -8,6 +8,7 @@ variables. When the user set one, it is left alone, and a warning says so if
 ``threads x workers`` still exceeds the cores (the spec's measurement: four
 workers took 1.8 s with ``OMP_NUM_THREADS=1`` and 11.0 s without).
 """
+
 from __future__ import annotations
 
 import os
@@ -34,8 +35,9 @@ def available_cores() -> int:
         return os.cpu_count() or 1
 
 
-def worker_thread_env(world_size: int, environ: Mapping[str, str] = os.environ,
-                      cores: Optional[int] = None) -> Tuple[Dict[str, str], Optional[str]]:
+def worker_thread_env(
+    world_size: int, environ: Mapping[str, str] = os.environ, cores: Optional[int] = None
+) -> Tuple[Dict[str, str], Optional[str]]:
     """Return ``(variables to set for the workers, warning or None)``.
 
     Nothing is set when the user set any of :data:`THREAD_VARIABLES`; then the

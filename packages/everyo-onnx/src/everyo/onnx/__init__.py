@@ -7,10 +7,19 @@
 Importing this package does not import onnx or onnxruntime: ``onnx_available``
 must work without them, and each function imports what it needs.
 """
+
 from everyo.onnx._version import __version__  # noqa: F401
 from everyo.onnx.export import DEFAULT_OPSET, MIN_OPSET, build_model, export_onnx
 from everyo.onnx.runtime import onnx_available, run_onnx
 from everyo.onnx.verify import format_report, verify_onnx
 
-__all__ = ["export_onnx", "build_model", "run_onnx", "verify_onnx", "format_report", "onnx_available",
-           "DEFAULT_OPSET", "MIN_OPSET"]
+__all__ = [
+    "export_onnx",
+    "build_model",
+    "run_onnx",
+    "verify_onnx",
+    "format_report",
+    "onnx_available",
+    "DEFAULT_OPSET",
+    "MIN_OPSET",
+]

@@ -7,6 +7,7 @@ also give zeros for a fully masked row, as core does), those three ops become
 one ``Attention`` node; the MatMul/Softmax form stays for every other case
 (and is removed as dead code when nothing else reads it).
 """
+
 import functools
 
 import numpy as np
@@ -25,8 +26,12 @@ def runtime_runs_attention(opset):
     b, h, n, d = 1, 1, 2, 2
     inputs = [helper.make_tensor_value_info(x, TensorProto.FLOAT, [b, h, n, d]) for x in "qkv"]
     inputs.append(helper.make_tensor_value_info("m", TensorProto.BOOL, [b, 1, n, n]))
-    graph = helper.make_graph([helper.make_node("Attention", ["q", "k", "v", "m"], ["y"], scale=0.5)], "probe",
-                              inputs, [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    graph = helper.make_graph(
+        [helper.make_node("Attention", ["q", "k", "v", "m"], ["y"], scale=0.5)],
+        "probe",
+        inputs,
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+    )
     ids = [helper.make_opsetid("", opset)]
     try:
         model = helper.make_model(graph, opset_imports=ids, ir_version=helper.find_min_ir_version_for(ids))

@@ -6,6 +6,7 @@ dynamic axis one larger (and with fresh random data, so a value baked into
 the graph shows up too), and refuses when the two traces record different
 ops or translate to different ONNX graphs, naming the first op that differs.
 """
+
 import operator
 
 import numpy as np
@@ -31,7 +32,8 @@ def _as_array(x, k):
         extra = " (bfloat16 to float32 is exact)" if a.dtype.name == "bfloat16" else ""
         raise EveryOSerializationError(
             f"example input {k} has dtype {a.dtype.name}; the exporter traces float32 graphs: pass it as "
-            f"float32 (x.astype('float32')){extra}. Nothing was written")
+            f"float32 (x.astype('float32')){extra}. Nothing was written"
+        )
     if a.dtype.kind not in "fiub":
         raise TypeError(f"example input {k} has dtype {a.dtype}; give float32, integer or boolean arrays")
     return a
@@ -42,8 +44,8 @@ def example_arrays(input_shape, example_input):
     if (input_shape is None) == (example_input is None):
         raise ValueError(
             "give exactly one of input_shape=(batch, ...) (a float32 example is made from it) or "
-            "example_input= (an array or Tensor, or a tuple of them)"
-            + ("" if input_shape is None else "; got both"))
+            "example_input= (an array or Tensor, or a tuple of them)" + ("" if input_shape is None else "; got both")
+        )
     if input_shape is not None:
         shape = _as_shape(input_shape)
         batch_ok = shape is not None and len(shape) >= 2 and (shape[0] is None or shape[0] > 0)
@@ -51,7 +53,8 @@ def example_arrays(input_shape, example_input):
             raise ValueError(
                 f"input_shape must be (batch, ...) with positive integer sizes, e.g. (1, 8, 8, 1) for an "
                 f"8x8 one-channel NHWC image; got {input_shape!r}. The batch size is exported symbolic "
-                f"whatever its value")
+                f"whatever its value"
+            )
         shape = (1 if shape[0] is None else shape[0],) + shape[1:]
         return [np.random.default_rng(0).standard_normal(shape).astype(np.float32)]
     items = list(example_input) if isinstance(example_input, tuple) else [example_input]
@@ -89,8 +92,10 @@ def _sizes(axes, input_names, arrays):
         for axis, dim in axes.get(name, {}).items():
             n = a.shape[axis]
             if sizes.setdefault(dim, n) != n:
-                raise ValueError(f"dynamic axis '{dim}' has size {sizes[dim]} in one input and {n} in {name!r}; "
-                                 f"axes sharing a name must have the same size")
+                raise ValueError(
+                    f"dynamic axis '{dim}' has size {sizes[dim]} in one input and {n} in {name!r}; "
+                    f"axes sharing a name must have the same size"
+                )
     return sizes
 
 
@@ -118,8 +123,9 @@ def second_example(arrays, axes, input_names=None):
 
 
 def _wiring(node):
-    return tuple(None if v is None else (v.kind, v.node.index if v.node is not None else None, v.index)
-                 for v in node.inputs)
+    return tuple(
+        None if v is None else (v.kind, v.node.index if v.node is not None else None, v.index) for v in node.inputs
+    )
 
 
 def _sizes_text(arrays, arrays2):
@@ -135,7 +141,8 @@ def same_ops(first, second, arrays, arrays2):
                 f"cannot export with these dynamic axes: the model records different ops at input sizes "
                 f"{_sizes_text(arrays, arrays2)}: {a.describe()} became {b.describe()} (a Python loop or branch "
                 f"on a size, e.g. over the sequence). Leave that axis out of dynamic_axes, or compute with whole-"
-                f"tensor ops. Nothing was written")
+                f"tensor ops. Nothing was written"
+            )
     if len(first.nodes) != len(second.nodes):
         longer = first if len(first.nodes) > len(second.nodes) else second
         extra = longer.nodes[min(len(first.nodes), len(second.nodes))]
@@ -143,7 +150,8 @@ def same_ops(first, second, arrays, arrays2):
             f"cannot export with these dynamic axes: the model records {len(first.nodes)} ops at input sizes "
             f"{[a.shape for a in arrays]} but {len(second.nodes)} at {[b.shape for b in arrays2]}, from "
             f"{extra.describe()} on (a Python loop over a dynamic axis). Leave that axis out of dynamic_axes. "
-            f"Nothing was written")
+            f"Nothing was written"
+        )
 
 
 def same_graph(g, g2, arrays, arrays2):
@@ -152,9 +160,15 @@ def same_graph(g, g2, arrays, arrays2):
     for k, (a, b) in enumerate(zip(g.nodes, g2.nodes)):
         same = a.SerializeToString() == b.SerializeToString() and all(
             (x in g.initializers) == (x in g2.initializers)
-            and (x not in g.initializers or (g.initializers[x].shape == g2.initializers[x].shape
-                                             and np.array_equal(g.initializers[x], g2.initializers[x])))
-            for x in a.input)
+            and (
+                x not in g.initializers
+                or (
+                    g.initializers[x].shape == g2.initializers[x].shape
+                    and np.array_equal(g.initializers[x], g2.initializers[x])
+                )
+            )
+            for x in a.input
+        )
         if not same:
             origin = g.origins[k] or g2.origins[k]
             where = origin.describe() if origin is not None else f"ONNX node {a.name}"
@@ -163,18 +177,22 @@ def same_graph(g, g2, arrays, arrays2):
                 u, v = g.initializers.get(x), g2.initializers.get(x)
                 if u is not None and v is not None and not (u.shape == v.shape and np.array_equal(u, v)):
                     small = u.size <= 8 and v.size <= 8
-                    detail = (f"; its constant input '{x}' is {u.tolist() if small else u.shape} vs "
-                              f"{v.tolist() if small else v.shape}")
+                    detail = (
+                        f"; its constant input '{x}' is {u.tolist() if small else u.shape} vs "
+                        f"{v.tolist() if small else v.shape}"
+                    )
                     break
             raise EveryOSerializationError(
                 f"cannot export with these dynamic axes: {where} translates differently at input sizes "
                 f"{_sizes_text(arrays, arrays2)} ({a.op_type} node {a.name}{detail}): a size taken from x.shape "
                 f"(or a value computed outside EveryO ops) is baked into it. Use -1 in reshapes or leave that "
-                f"axis out of dynamic_axes. Nothing was written")
+                f"axis out of dynamic_axes. Nothing was written"
+            )
     if len(g.nodes) != len(g2.nodes):
         raise EveryOSerializationError(
             f"cannot export with these dynamic axes: the graph has {len(g.nodes)} nodes at input sizes "
-            f"{[a.shape for a in arrays]} and {len(g2.nodes)} at {[b.shape for b in arrays2]}. Nothing was written")
+            f"{[a.shape for a in arrays]} and {len(g2.nodes)} at {[b.shape for b in arrays2]}. Nothing was written"
+        )
 
 
 def dims(shape, axis_names):
@@ -192,7 +210,11 @@ def output_dims(shape, shape2, name, axes, input_names, arrays, arrays2):
         elif a == b:
             out.append(int(a))
         else:
-            follow = [dim for n, x, y in zip(input_names, arrays, arrays2) for j, dim in axes.get(n, {}).items()
-                      if x.shape[j] == a and y.shape[j] == b]
+            follow = [
+                dim
+                for n, x, y in zip(input_names, arrays, arrays2)
+                for j, dim in axes.get(n, {}).items()
+                if x.shape[j] == a and y.shape[j] == b
+            ]
             out.append(follow[0] if follow else f"{name}_dim{i}")
     return out

@@ -5,6 +5,7 @@ model's dtypes and layers, the trace (data-dependent Python values, ops with
 no rule, in-place ``.data`` changes), the dynamic-axes check, ONNX's checker,
 the 2 GiB limit and, with ``verify=True``, ONNX Runtime's agreement.
 """
+
 import numpy as np
 
 import everyo
@@ -56,7 +57,8 @@ def _check_model(model):
             problems.append(
                 f"{type(m).__name__} at {where} was built with track_running_stats=False: it has no running "
                 f"statistics, so there is no inference-time behaviour to export (rebuild it with "
-                f"track_running_stats=True and train it)")
+                f"track_running_stats=True and train it)"
+            )
         tensors = list(m._parameters.items()) + list(m._buffers.items())
         for pname, t in tensors:
             dtype = None if t is None else np.asarray(t.data).dtype
@@ -65,10 +67,12 @@ def _check_model(model):
                 problems.append(
                     f"{type(m).__name__} at {where} has {pname} of dtype {dtype.name}; the exporter writes "
                     f"float32 graphs (ONNX Runtime's CPU Conv and AveragePool have no float64 kernels). Call "
-                    f"model.to('float32') before exporting{extra}")
+                    f"model.to('float32') before exporting{extra}"
+                )
     if problems:
-        raise EveryOSerializationError("cannot export this model to ONNX, nothing was written: "
-                                       + "; ".join(problems) + ".")
+        raise EveryOSerializationError(
+            "cannot export this model to ONNX, nothing was written: " + "; ".join(problems) + "."
+        )
 
 
 def _parameter_names(model):
@@ -101,7 +105,8 @@ def _check_opset(onnx, opset):
     if not isinstance(opset, int) or isinstance(opset, bool) or not MIN_OPSET <= opset <= newest:
         raise ValueError(
             f"opset must be an integer from {MIN_OPSET} to {newest} (the newest the installed onnx "
-            f"package knows), got {opset!r}; the default is {DEFAULT_OPSET}")
+            f"package knows), got {opset!r}; the default is {DEFAULT_OPSET}"
+        )
     return opset
 
 
@@ -140,8 +145,19 @@ def _value_infos(helper, names, values, dims):
     return [helper.make_tensor_value_info(n, onnx_type(v.dtype), d) for n, v, d in zip(names, values, dims)]
 
 
-def build_model(model, *, input_shape=None, example_input=None, input_names=None, output_names=None,
-                dynamic_axes=None, opset=None, input_name=None, output_name=None, _keep=None):
+def build_model(
+    model,
+    *,
+    input_shape=None,
+    example_input=None,
+    input_names=None,
+    output_names=None,
+    dynamic_axes=None,
+    opset=None,
+    input_name=None,
+    output_name=None,
+    _keep=None,
+):
     """Trace ``model`` and build the checked ``onnx.ModelProto`` without writing it.
 
     Takes the same arguments as :func:`export_onnx` (no path, no verify).
@@ -169,7 +185,8 @@ def build_model(model, *, input_shape=None, example_input=None, input_names=None
         raise EveryOSerializationError(
             f"cannot export: the .data of {what} (used by {where}) was changed in place during the forward "
             f"pass; the exported graph would use one value where EveryO used two. Compute the new value with "
-            f"EveryO ops (or change it outside forward()). Nothing was written")
+            f"EveryO ops (or change it outside forward()). Nothing was written"
+        )
     output_names = _as_list(output_names, output_name, "output_names") or _default_names("output", len(outputs))
     if len(output_names) != len(outputs):
         raise ValueError(f"output_names has {len(output_names)} names, but the model returns {len(outputs)} outputs")
@@ -182,9 +199,13 @@ def build_model(model, *, input_shape=None, example_input=None, input_names=None
 
     arrays2 = dynamic.second_example(arrays, axes, input_names)
     second, outputs2 = _run_trace(
-        model, arrays2, input_names, names,
+        model,
+        arrays2,
+        input_names,
+        names,
         f"again with every dynamic axis one larger (the dynamic-axes check; dynamic axes {axes}; an axis "
-        f"that cannot change size must be left out of dynamic_axes)")
+        f"that cannot change size must be left out of dynamic_axes)",
+    )
     dynamic.same_ops(first, second, arrays, arrays2)
     g = _translate(first, outputs, second, opset, output_names)
     g2 = _translate(second, outputs2, first, opset, output_names)
@@ -193,37 +214,66 @@ def build_model(model, *, input_shape=None, example_input=None, input_names=None
     out_values = [first.values[id(o)] for o in outputs]
     out_values2 = [second.values[id(o)] for o in outputs2]
     in_dims = [dynamic.dims(a.shape, axes.get(n, {})) for n, a in zip(input_names, arrays)]
-    out_dims = [dynamic.output_dims(v.shape, v2.shape, name, axes, input_names, arrays, arrays2)
-                for name, v, v2 in zip(output_names, out_values, out_values2)]
+    out_dims = [
+        dynamic.output_dims(v.shape, v2.shape, name, axes, input_names, arrays, arrays2)
+        for name, v, v2 in zip(output_names, out_values, out_values2)
+    ]
     size = sum(a.nbytes for a in g.initializers.values())
     if size > MAX_MODEL_BYTES:
         raise EveryOSerializationError(
             f"cannot export: the model's weights take {size / 2**30:.2f} GiB, more than an ONNX file without "
             f"external data can hold (2 GiB, protobuf's limit); the exporter does not write external data. "
-            f"Nothing was written")
+            f"Nothing was written"
+        )
     graph = helper.make_graph(
-        g.nodes, "everyo",
+        g.nodes,
+        "everyo",
         _value_infos(helper, input_names, first.inputs, in_dims),
         _value_infos(helper, output_names, out_values, out_dims),
         initializer=[numpy_helper.from_array(a, n) for n, a in g.initializers.items()],
     )
     opsets = [helper.make_opsetid("", opset)]
     proto = helper.make_model(
-        graph, opset_imports=opsets, ir_version=helper.find_min_ir_version_for(opsets),
-        producer_name="everyo", producer_version=everyo.__version__,
-        doc_string=f"Exported by everyo.onnx from {type(model).__name__} (traced).")
+        graph,
+        opset_imports=opsets,
+        ir_version=helper.find_min_ir_version_for(opsets),
+        producer_name="everyo",
+        producer_version=everyo.__version__,
+        doc_string=f"Exported by everyo.onnx from {type(model).__name__} (traced).",
+    )
     try:
         onnx.checker.check_model(proto, full_check=True)
     except onnx.checker.ValidationError as exc:
         raise EveryOSerializationError(f"the exported graph failed onnx.checker ({exc}); nothing was written") from exc
     if _keep is not None:
-        _keep.update(graph=g, trace=first, outputs=outputs, arrays=arrays, second=second, outputs2=outputs2,
-                     arrays2=arrays2, input_names=input_names, output_names=output_names)
+        _keep.update(
+            graph=g,
+            trace=first,
+            outputs=outputs,
+            arrays=arrays,
+            second=second,
+            outputs2=outputs2,
+            arrays2=arrays2,
+            input_names=input_names,
+            output_names=output_names,
+        )
     return proto
 
 
-def export_onnx(model, path, *, input_shape=None, example_input=None, input_names=None, output_names=None,
-                dynamic_axes=None, opset=None, verify=False, input_name=None, output_name=None):
+def export_onnx(
+    model,
+    path,
+    *,
+    input_shape=None,
+    example_input=None,
+    input_names=None,
+    output_names=None,
+    dynamic_axes=None,
+    opset=None,
+    verify=False,
+    input_name=None,
+    output_name=None,
+):
     """Export ``model`` to an ONNX file at ``path`` by tracing its forward pass.
 
     Args:
@@ -253,9 +303,18 @@ def export_onnx(model, path, *, input_shape=None, example_input=None, input_name
         eo.run_onnx("model.onnx", batch)
     """
     keep = {} if verify else None
-    proto = build_model(model, input_shape=input_shape, example_input=example_input, input_names=input_names,
-                        output_names=output_names, dynamic_axes=dynamic_axes, opset=opset,
-                        input_name=input_name, output_name=output_name, _keep=keep)
+    proto = build_model(
+        model,
+        input_shape=input_shape,
+        example_input=example_input,
+        input_names=input_names,
+        output_names=output_names,
+        dynamic_axes=dynamic_axes,
+        opset=opset,
+        input_name=input_name,
+        output_name=output_name,
+        _keep=keep,
+    )
     data = proto.SerializeToString()
     if verify:
         from everyo.onnx.verify import check_agreement

@@ -6,6 +6,7 @@ graphs: that is how the dynamic-axes check compares them. Every ONNX node
 remembers the recorded op it came from (``origins``), so a problem found in
 the finished graph can still name the op and the user's source line.
 """
+
 import numpy as np
 
 # NHWC <-> NCHW permutations for the Transpose pair around Conv and the pools.
@@ -16,9 +17,17 @@ TO_NHWC = (0, 2, 3, 1)
 INT64_MAX = np.iinfo(np.int64).max
 
 _ONNX_TYPES = {
-    np.dtype(np.float32): 1, np.dtype(np.uint8): 2, np.dtype(np.int8): 3, np.dtype(np.int16): 5,
-    np.dtype(np.int32): 6, np.dtype(np.int64): 7, np.dtype(np.bool_): 9, np.dtype(np.float16): 10,
-    np.dtype(np.float64): 11, np.dtype(np.uint32): 12, np.dtype(np.uint64): 13,
+    np.dtype(np.float32): 1,
+    np.dtype(np.uint8): 2,
+    np.dtype(np.int8): 3,
+    np.dtype(np.int16): 5,
+    np.dtype(np.int32): 6,
+    np.dtype(np.int64): 7,
+    np.dtype(np.bool_): 9,
+    np.dtype(np.float16): 10,
+    np.dtype(np.float64): 11,
+    np.dtype(np.uint32): 12,
+    np.dtype(np.uint64): 13,
 }
 
 
@@ -37,13 +46,13 @@ class GraphBuilder:
     def __init__(self, opset):
         self.opset = opset
         self.nodes = []
-        self.origins = []        # the recorded Node behind each ONNX node
-        self.initializers = {}   # name -> array
-        self.names = {}          # id(Value) -> ONNX value name
+        self.origins = []  # the recorded Node behind each ONNX node
+        self.initializers = {}  # name -> array
+        self.names = {}  # id(Value) -> ONNX value name
         self.layout_changed = set()  # names whose values a rewrite moved to another layout
         self._taken = set()
         self._count = 0
-        self.origin = None       # the recorded Node whose rule is running
+        self.origin = None  # the recorded Node whose rule is running
 
     # --- names ------------------------------------------------------------------
     def fresh(self, base):

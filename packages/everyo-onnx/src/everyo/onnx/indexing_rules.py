@@ -1,5 +1,6 @@
 """Rules for core's comparisons, extra elementwise ops, shape ops, indexing
 (take_along_axis, masked_fill, one_hot, sort, topk) and einsum."""
+
 import numpy as np
 
 RULES = {}
@@ -14,8 +15,14 @@ def _rule(*names):
     return register
 
 
-_COMPARE = {"equal": "Equal", "less": "Less", "less_equal": "LessOrEqual", "greater": "Greater",
-            "greater_equal": "GreaterOrEqual", "not_equal": "Equal"}
+_COMPARE = {
+    "equal": "Equal",
+    "less": "Less",
+    "less_equal": "LessOrEqual",
+    "greater": "Greater",
+    "greater_equal": "GreaterOrEqual",
+    "not_equal": "Equal",
+}
 
 
 @_rule(*_COMPARE)
@@ -63,7 +70,7 @@ def expand_dims(t, node):
 def moveaxis(t, node):
     x = node.inputs[0]
     n = x.data.ndim
-    as_list = (lambda v: [v] if np.ndim(v) == 0 else list(v))  # noqa: E731
+    as_list = lambda v: [v] if np.ndim(v) == 0 else list(v)  # noqa: E731
     src = [int(a) % n for a in as_list(node.attrs["source"])]
     dst = [int(a) % n for a in as_list(node.attrs["destination"])]
     perm = [i for i in range(n) if i not in src]

@@ -4,6 +4,7 @@ added to core's op table in 0.2 (their own file for size; one table).
 Each rule writes the op with standard ONNX ops valid from opset 13, step for
 step as core computes it, so ONNX Runtime agrees to float32 rounding.
 """
+
 import numpy as np
 
 from everyo.onnx.graph import TO_NCHW, TO_NHWC
@@ -94,8 +95,15 @@ def conv1d(t, node):
     inputs = [t.g.transpose(t.name(x, np.float32, 0), (0, 2, 1)), _weight(t, w, (2, 1, 0))]
     inputs += [] if b is None else [t.name(b, np.float32, 2)]
     left, right = a["pads"]
-    y = t.g.node("Conv", inputs, kernel_shape=[int(w.shape[0])], strides=[int(a["stride"])],
-                 dilations=[int(a["dilation"])], pads=[int(left), int(right)], group=int(a.get("groups", 1)))
+    y = t.g.node(
+        "Conv",
+        inputs,
+        kernel_shape=[int(w.shape[0])],
+        strides=[int(a["stride"])],
+        dilations=[int(a["dilation"])],
+        pads=[int(left), int(right)],
+        group=int(a.get("groups", 1)),
+    )
     t.set(node.outputs[0], t.g.transpose(y, (0, 2, 1)))
 
 
@@ -107,10 +115,15 @@ def conv_transpose2d(t, node):
     # EveryO's weight is (kh, kw, C_in, C_out); ONNX ConvTranspose wants (C_in, C_out, kh, kw).
     inputs = [t.g.transpose(t.name(x, np.float32, 0), TO_NCHW), _weight(t, w, (2, 3, 0, 1))]
     inputs += [] if b is None else [t.name(b, np.float32, 2)]
-    y = t.g.node("ConvTranspose", inputs, kernel_shape=[int(k) for k in a["kernel_size"]],
-                 strides=[int(s) for s in a["stride"]], dilations=[int(d) for d in a["dilation"]],
-                 pads=[int(top), int(left), int(bottom), int(right)],
-                 output_padding=[int(e) for e in a["output_padding"]])
+    y = t.g.node(
+        "ConvTranspose",
+        inputs,
+        kernel_shape=[int(k) for k in a["kernel_size"]],
+        strides=[int(s) for s in a["stride"]],
+        dilations=[int(d) for d in a["dilation"]],
+        pads=[int(top), int(left), int(bottom), int(right)],
+        output_padding=[int(e) for e in a["output_padding"]],
+    )
     t.set(node.outputs[0], t.g.transpose(y, TO_NHWC))
 
 

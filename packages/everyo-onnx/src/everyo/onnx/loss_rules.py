@@ -7,6 +7,7 @@ Each follows core's formula: ``mse = reduce((pred - target)^2)``,
 ``log1p(exp(-|x|))``; ONNX has no Log1p), with ``reduce`` the mean or sum over
 every element.
 """
+
 import numpy as np
 
 RULES = {}

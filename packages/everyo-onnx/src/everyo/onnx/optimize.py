@@ -6,6 +6,7 @@ only elementwise ops (ReLU, a folded batch norm): those run just as well in
 NCHW, so the Transpose out of one window node and the Transpose into the
 next cancel, and a chain of convolutions has one Transpose in and one out.
 """
+
 import numpy as np
 
 # Elementwise ops that commute with a Transpose: unary ones, and binary ones

@@ -23,6 +23,7 @@ gate blocks in PyTorch's order; ONNX wants ``W`` (1, gates*H, in), ``R``
 ``X`` is time-major in ONNX: a Transpose in, and ``Y`` (T, 1, B, H) is squeezed and
 transposed back to EveryO's batch-first (B, T, H).
 """
+
 import numpy as np
 
 RULES = {}
@@ -33,7 +34,7 @@ _ONNX_OP = {"rnn_scan": "RNN", "lstm_scan": "LSTM", "gru_scan": "GRU"}
 
 def _reorder(matrix, order, hidden):
     """Rows of ``matrix`` (gates*H, ...) regrouped block by block into ``order``."""
-    return np.concatenate([matrix[k * hidden:(k + 1) * hidden] for k in order], axis=0)
+    return np.concatenate([matrix[k * hidden : (k + 1) * hidden] for k in order], axis=0)
 
 
 def _projection(t, xp):
@@ -54,8 +55,9 @@ def _direction(t, node):
     op = node.op
     xp, w_hh = node.inputs[0], node.inputs[-1 if op != "gru_scan" else 2]
     if w_hh.kind != "const":
-        raise t.refuse("its recurrent weight W_hh is computed inside the model; the ONNX recurrent nodes need it "
-                       "as a constant")
+        raise t.refuse(
+            "its recurrent weight W_hh is computed inside the model; the ONNX recurrent nodes need it as a constant"
+        )
     hidden = w_hh.shape[0]
     order = _GATE_ORDER[op]
     width = len(order) * hidden
@@ -94,12 +96,16 @@ def _reverse_partner(t, node, x, attrs):
     recorded nodes) that can share one bidirectional ONNX node, or None."""
     if node.attrs.get("reverse") or x is None:
         return None
-    for other in t.tracer.nodes[node.index + 1:node.index + 4]:
+    for other in t.tracer.nodes[node.index + 1 : node.index + 4]:
         if other.op != node.op or not other.attrs.get("reverse"):
             continue
         fused = _projection(t, other.inputs[0])
-        if fused is None or fused[0] is not x or other.inputs[-1 if node.op != "gru_scan" else 2].shape[0] != \
-                attrs["hidden_size"] or other.attrs.get("nonlinearity") != node.attrs.get("nonlinearity"):
+        if (
+            fused is None
+            or fused[0] is not x
+            or other.inputs[-1 if node.op != "gru_scan" else 2].shape[0] != attrs["hidden_size"]
+            or other.attrs.get("nonlinearity") != node.attrs.get("nonlinearity")
+        ):
             return None
         for mine, theirs in zip(_states(node), _states(other)):
             # Both zeros (omitted), or both real states already available here.
@@ -121,12 +127,15 @@ def _sequence_lens(t, node):
     if lengths is None:
         return ""
     for inp in t.tracer.inputs:
-        if lengths is inp.array or (lengths.base is not None and lengths.base is inp.array
-                                    and lengths.shape == inp.array.shape):
+        if lengths is inp.array or (
+            lengths.base is not None and lengths.base is inp.array and lengths.shape == inp.array.shape
+        ):
             return t.g.cast(t.name(inp), np.int32)
-    raise t.refuse("it was called with lengths= that is not one of the model's inputs (a constant or computed "
-                   "array would be baked into the file); pass lengths as an int64 (batch,) model input, "
-                   "straight to the layer")
+    raise t.refuse(
+        "it was called with lengths= that is not one of the model's inputs (a constant or computed "
+        "array would be baked into the file); pass lengths as an int64 (batch,) model input, "
+        "straight to the layer"
+    )
 
 
 def _zero_past_lengths(g, y, seq_lens):
@@ -137,8 +146,9 @@ def _zero_past_lengths(g, y, seq_lens):
     steps = g.node("Gather", [g.node("Shape", [y]), g.scalar(0, np.int64, "axis0")], axis=0)
     t_index = g.node("Range", [g.scalar(0, np.int64, "start"), steps, g.scalar(1, np.int64, "one")])
     t_index = g.node("Reshape", [t_index, g.constant(np.array([-1, 1, 1, 1], np.int64), "steps_shape")])
-    lengths = g.node("Reshape", [g.cast(seq_lens, np.int64), g.constant(np.array([1, 1, -1, 1], np.int64),
-                                                                        "lengths_shape")])
+    lengths = g.node(
+        "Reshape", [g.cast(seq_lens, np.int64), g.constant(np.array([1, 1, -1, 1], np.int64), "lengths_shape")]
+    )
     live = g.node("Less", [t_index, lengths])
     return g.node("Where", [live, y, g.constant(np.zeros((), np.float32), "zero")])
 
@@ -160,8 +170,13 @@ def scan(t, node):
         attrs["direction"] = "reverse" if node.attrs.get("reverse") else "forward"
     w_hh = node.inputs[-1 if node.op != "gru_scan" else 2]
     base = w_hh.name.replace("weight_hh", "") if w_hh.name else node.op
-    inputs = [g.transpose(x_name, (1, 0, 2)), g.constant(W, f"{base}W"), g.constant(R, f"{base}R"),
-              g.constant(B, f"{base}B"), _sequence_lens(t, node)]
+    inputs = [
+        g.transpose(x_name, (1, 0, 2)),
+        g.constant(W, f"{base}W"),
+        g.constant(R, f"{base}R"),
+        g.constant(B, f"{base}B"),
+        _sequence_lens(t, node),
+    ]
     for k, value in enumerate(_states(node)):
         if _zero(value):
             inputs.append("")  # ONNX's default initial state is zeros
@@ -174,15 +189,36 @@ def scan(t, node):
     if len(inputs) > 4 and inputs[4]:
         y = _zero_past_lengths(g, y, inputs[4])
         # A sequence of length 0 ends in its initial state (ONNX Runtime 1.23's RNN leaves garbage there too).
-        started = g.node("Greater", [g.node("Reshape", [g.cast(inputs[4], np.int64), g.constant(
-            np.array([1, -1, 1], np.int64), "state_lengths_shape")]), g.scalar(0, np.int64, "zero_steps")])
-        states = [g.node("Where", [started, state, inputs[5 + k] if len(inputs) > 5 + k and inputs[5 + k]
-                                   else g.constant(np.zeros((), np.float32), "zero")])
-                  for k, state in enumerate(states)]
+        started = g.node(
+            "Greater",
+            [
+                g.node(
+                    "Reshape",
+                    [g.cast(inputs[4], np.int64), g.constant(np.array([1, -1, 1], np.int64), "state_lengths_shape")],
+                ),
+                g.scalar(0, np.int64, "zero_steps"),
+            ],
+        )
+        states = [
+            g.node(
+                "Where",
+                [
+                    started,
+                    state,
+                    inputs[5 + k]
+                    if len(inputs) > 5 + k and inputs[5 + k]
+                    else g.constant(np.zeros((), np.float32), "zero"),
+                ],
+            )
+            for k, state in enumerate(states)
+        ]
     for d, n in enumerate(nodes):
         # Y is (T, directions, B, H), each state (directions, B, H).
-        pick = (lambda v, axis: g.squeeze(v, [axis])) if len(nodes) == 1 else \
-            (lambda v, axis, d=d: g.node("Gather", [v, g.scalar(d, np.int64, "direction")], axis=axis))
+        pick = (
+            (lambda v, axis: g.squeeze(v, [axis]))
+            if len(nodes) == 1
+            else (lambda v, axis, d=d: g.node("Gather", [v, g.scalar(d, np.int64, "direction")], axis=axis))
+        )
         t.set(n.outputs[0], g.transpose(pick(y, 1), (1, 0, 2)))
         for value, state in zip(n.outputs[1:], states):
             t.set(value, pick(state, 0))

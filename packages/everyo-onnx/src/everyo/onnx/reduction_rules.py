@@ -1,5 +1,6 @@
 """Rules for core's further reductions: argmax/argmin, cumsum, prod, std,
 logsumexp and norm, each following core's formula."""
+
 import numpy as np
 
 RULES = {}
@@ -56,8 +57,11 @@ def cumsum(t, node):
 def prod(t, node):
     x = node.inputs[0]
     axes = _axes(node.attrs.get("axis"), x.data.ndim)
-    out = t.g.reduce("ReduceProd", _input(t, node), axes, node.attrs.get("keepdims", False)) if axes else \
-        t.g.node("Identity", [_input(t, node)])
+    out = (
+        t.g.reduce("ReduceProd", _input(t, node), axes, node.attrs.get("keepdims", False))
+        if axes
+        else t.g.node("Identity", [_input(t, node)])
+    )
     t.set(node.outputs[0], out)
 
 

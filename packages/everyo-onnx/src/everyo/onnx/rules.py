@@ -7,6 +7,7 @@ Shapes and dtypes come from the recorded values (EveryO computed them), so
 rules never guess; anything a rule cannot express exactly is refused with
 ``t.refuse``.
 """
+
 import numpy as np
 
 from everyo.onnx import attention
@@ -45,8 +46,16 @@ def _axes(axis, ndim):
 
 # --- elementwise ------------------------------------------------------------------
 _BINARY = {"add": "Add", "sub": "Sub", "mul": "Mul", "div": "Div"}
-_UNARY = {"neg": "Neg", "exp": "Exp", "log": "Log", "sqrt": "Sqrt", "abs": "Abs",
-          "tanh": "Tanh", "sigmoid": "Sigmoid", "relu": "Relu"}
+_UNARY = {
+    "neg": "Neg",
+    "exp": "Exp",
+    "log": "Log",
+    "sqrt": "Sqrt",
+    "abs": "Abs",
+    "tanh": "Tanh",
+    "sigmoid": "Sigmoid",
+    "relu": "Relu",
+}
 
 
 @rule(*_BINARY)
@@ -69,9 +78,13 @@ def _leading_slice(t, node, position, value, other):
         return None
     n = value.shape[0]
     axis = other.data.ndim - value.data.ndim
-    is_prefix = (isinstance(base, np.ndarray) and base.shape[1:] == value.shape[1:] and base.shape[0] >= n
-                 and value.array.__array_interface__["data"][0] == base.__array_interface__["data"][0]
-                 and value.array.strides == base.strides)
+    is_prefix = (
+        isinstance(base, np.ndarray)
+        and base.shape[1:] == value.shape[1:]
+        and base.shape[0] >= n
+        and value.array.__array_interface__["data"][0] == base.__array_interface__["data"][0]
+        and value.array.strides == base.strides
+    )
     if not is_prefix or axis < 0 or other.shape[axis] != n:
         return None
     table = t.g.constant(np.asarray(base, dtype=_out(node).dtype), (value.name or "table"))
@@ -118,8 +131,10 @@ def astype(t, node):
 @rule("dropout")
 def dropout(t, node):
     if node.attrs.get("training") and node.attrs.get("p"):
-        raise t.refuse("dropout was called with training=True while tracing (the model is traced in eval mode; "
-                       "pass training=self.training so that the exported graph is the inference one)")
+        raise t.refuse(
+            "dropout was called with training=True while tracing (the model is traced in eval mode; "
+            "pass training=self.training so that the exported graph is the inference one)"
+        )
     t.set(_out(node), t.g.node("Identity", [t.name(node.inputs[0])]))
 
 
@@ -156,18 +171,29 @@ def conv2d(t, node):
     else:
         weight = t.g.transpose(t.name(w), (3, 2, 0, 1))
     inputs = [t.g.transpose(t.name(x), TO_NCHW), weight] + ([] if b is None else [t.name(b, np.float32, 2)])
-    y = t.g.node("Conv", inputs, kernel_shape=[int(k) for k in a["kernel_size"]],
-                 strides=[int(s) for s in a["stride"]], pads=_pads(a["pads"]),
-                 dilations=[int(d) for d in a.get("dilation", (1, 1))], group=int(a.get("groups", 1)))
+    y = t.g.node(
+        "Conv",
+        inputs,
+        kernel_shape=[int(k) for k in a["kernel_size"]],
+        strides=[int(s) for s in a["stride"]],
+        pads=_pads(a["pads"]),
+        dilations=[int(d) for d in a.get("dilation", (1, 1))],
+        group=int(a.get("groups", 1)),
+    )
     t.set(_out(node), t.g.transpose(y, TO_NHWC))
 
 
 def _pool(op_type, **extra):
     def convert(t, node):
         a = node.attrs
-        y = t.g.node(op_type, [t.g.transpose(t.name(node.inputs[0]), TO_NCHW)],
-                     kernel_shape=[int(k) for k in a["pool_size"]], strides=[int(s) for s in a["stride"]],
-                     pads=_pads(a["pads"]), **extra)
+        y = t.g.node(
+            op_type,
+            [t.g.transpose(t.name(node.inputs[0]), TO_NCHW)],
+            kernel_shape=[int(k) for k in a["pool_size"]],
+            strides=[int(s) for s in a["stride"]],
+            pads=_pads(a["pads"]),
+            **extra,
+        )
         t.set(_out(node), t.g.transpose(y, TO_NHWC))
 
     return convert
@@ -230,8 +256,10 @@ def softmax(t, node):
     peak = g.node("Where", [g.node("IsInf", [peak]), g.scalar(0.0, np.float32, "zero"), peak])
     e = g.node("Exp", [g.node("Sub", [data, peak])])
     total = g.reduce("ReduceSum", e, [axis], True)
-    safe = g.node("Where", [g.node("Greater", [total, g.scalar(0.0, np.float32, "zero")]), total,
-                            g.scalar(1.0, np.float32, "one")])
+    safe = g.node(
+        "Where",
+        [g.node("Greater", [total, g.scalar(0.0, np.float32, "zero")]), total, g.scalar(1.0, np.float32, "one")],
+    )
     t.set(_out(node), g.node("Div", [e, safe]))
 
 
@@ -242,8 +270,9 @@ def _may_be_all_minus_inf(x):
     producer = x.node
     if producer is None or producer.op not in ("add", "sub"):
         return False
-    return any(v is not None and v.kind == "const" and v.dtype.kind == "f" and np.isinf(v.data).any()
-               for v in producer.inputs)
+    return any(
+        v is not None and v.kind == "const" and v.dtype.kind == "f" and np.isinf(v.data).any() for v in producer.inputs
+    )
 
 
 def _blocked_mask(t, node, scores, blocked):
@@ -276,7 +305,7 @@ def _blocked_mask(t, node, scores, blocked):
         # Lengths from the product's operands when scores = a @ b (so a fused
         # Attention node leaves the product dead), else from scores itself.
         product = scores.node if scores.node is not None and scores.node.op == "matmul" else None
-        rows, cols = (product.inputs if product is not None else (scores, scores))
+        rows, cols = product.inputs if product is not None else (scores, scores)
         parts.append(_causal(t, t.name(rows), t.name(cols)))
     mask = parts[0]
     for p in parts[1:]:
@@ -297,8 +326,11 @@ def _mask_hypotheses(tracer, scores, blocked):
     for k, inp in enumerate(tracer.inputs):
         if inp.dtype == np.bool_ and inp.data.ndim == 2 and rank >= 3 and inp.shape == (scores.shape[0], lk):
             spread = inp.data.reshape((inp.shape[0],) + (1,) * (rank - 2) + (lk,))
-            found += [(k, c) for c, expected in ((True, spread | causal), (False, spread))
-                      if np.array_equal(full, np.broadcast_to(expected, scores.shape))]
+            found += [
+                (k, c)
+                for c, expected in ((True, spread | causal), (False, spread))
+                if np.array_equal(full, np.broadcast_to(expected, scores.shape))
+            ]
     if np.array_equal(full, np.broadcast_to(causal, scores.shape)):
         found.append((None, True))
     return found
@@ -367,8 +399,9 @@ def stack(t, node):
 @rule("split")
 def split(t, node):
     sizes = node.attrs["sizes"]
-    outs = t.g.node("Split", [t.name(node.inputs[0]), t.g.ints(sizes, "split")], outputs=len(sizes),
-                    axis=int(node.attrs["axis"]))
+    outs = t.g.node(
+        "Split", [t.name(node.inputs[0]), t.g.ints(sizes, "split")], outputs=len(sizes), axis=int(node.attrs["axis"])
+    )
     for value, name in zip(node.outputs, [outs] if len(sizes) == 1 else outs):
         t.set(value, name)
 
@@ -379,12 +412,14 @@ def getitem(t, node):
     index = node.attrs["index"]
     items = list(index) if isinstance(index, tuple) else [index]
     if any(isinstance(i, (list, np.ndarray)) or hasattr(i, "data") for i in items):
-        raise t.refuse("indexing with arrays (advanced indexing) has no translation; use basic indexing "
-                       "(integers, slices, None, ...)")
+        raise t.refuse(
+            "indexing with arrays (advanced indexing) has no translation; use basic indexing "
+            "(integers, slices, None, ...)"
+        )
     if any(i is Ellipsis for i in items):
         k = items.index(Ellipsis)
         fill = x.data.ndim - (len(items) - 1 - sum(i is None for i in items))
-        items = items[:k] + [slice(None)] * fill + items[k + 1:]
+        items = items[:k] + [slice(None)] * fill + items[k + 1 :]
     name = t.name(x)
     starts, ends, axes, steps, ints, news = [], [], [], [], [], []
     axis = out_axis = 0

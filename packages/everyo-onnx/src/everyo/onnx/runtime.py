@@ -1,4 +1,5 @@
 """Run an exported file in ONNX Runtime; report whether onnx is importable."""
+
 import os
 
 import numpy as np
@@ -28,12 +29,17 @@ def import_runtime(purpose="run_onnx"):
             raise ImportError(f"{purpose} needs onnxruntime, which is not installed. {INSTALL_HINT}") from exc
         raise ImportError(
             f"{purpose} needs onnxruntime: version {version} is installed but failed to import: {exc}. "
-            f"onnxruntime >= 1.19 is needed under NumPy 2 (pip install -U 'onnxruntime>=1.19')") from exc
+            f"onnxruntime >= 1.19 is needed under NumPy 2 (pip install -U 'onnxruntime>=1.19')"
+        ) from exc
     return onnxruntime
 
 
-_NUMPY_OF = {"tensor(float)": np.float32, "tensor(int64)": np.int64, "tensor(int32)": np.int32,
-             "tensor(bool)": np.bool_}
+_NUMPY_OF = {
+    "tensor(float)": np.float32,
+    "tensor(int64)": np.int64,
+    "tensor(int32)": np.int32,
+    "tensor(bool)": np.bool_,
+}
 
 
 def run_onnx(path, *inputs):
@@ -60,8 +66,9 @@ def run_onnx(path, *inputs):
     session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
     graph_inputs = session.get_inputs()
     if len(inputs) != len(graph_inputs):
-        raise ValueError(f"run_onnx: {path!r} takes {len(graph_inputs)} input(s) "
-                         f"{[i.name for i in graph_inputs]}, got {len(inputs)}")
+        raise ValueError(
+            f"run_onnx: {path!r} takes {len(graph_inputs)} input(s) {[i.name for i in graph_inputs]}, got {len(inputs)}"
+        )
     feeds = {}
     for spec, x in zip(graph_inputs, inputs):
         array = np.asarray(getattr(x, "data", x))

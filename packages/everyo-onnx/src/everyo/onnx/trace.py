@@ -12,6 +12,7 @@ table). Each Tensor seen becomes a :class:`Value`:
 Every node keeps the user's source line that led to it (the first frame
 outside the ``everyo`` package), so a refusal can say where the op came from.
 """
+
 import os
 import sys
 
@@ -51,10 +52,10 @@ class Value:
     __slots__ = ("kind", "node", "index", "name", "data", "array", "tensor")
 
     def __init__(self, kind, tensor, node=None, index=0, name=None):
-        self.kind = kind          # "input", "node" or "const"
-        self.tensor = tensor      # kept alive so its id() cannot be reused during the trace
+        self.kind = kind  # "input", "node" or "const"
+        self.tensor = tensor  # kept alive so its id() cannot be reused during the trace
         self.node, self.index = node, index
-        self.name = name          # parameter/buffer name for constants, graph name for inputs
+        self.name = name  # parameter/buffer name for constants, graph name for inputs
         self.array = tensor.data  # the array object seen (its .base shows slices of a bigger table)
         self.data = np.array(tensor.data, copy=True)  # the recorded value
 
@@ -100,9 +101,9 @@ class Tracer:
 
     def __init__(self, names=None):
         self.names = dict(names or {})
-        self.values = {}   # id(tensor) -> Value
+        self.values = {}  # id(tensor) -> Value
         self.nodes = []
-        self.inputs = []   # Values, in the model's argument order
+        self.inputs = []  # Values, in the model's argument order
         self.consumers = {}  # id(Value) -> [(node, position)]
 
     # --- building ----------------------------------------------------------------

@@ -9,6 +9,7 @@ expressed from the graph's own shapes (a reshape dimension becomes ``0`` or
 ``-1``, a slice of the positional table ends at the input's length) or
 refused, naming the op and the user's line.
 """
+
 import numpy as np
 
 from everyo.errors import EveryOSerializationError
@@ -102,9 +103,12 @@ class Translator:
         itself, reshaped. None if it is not."""
         for inp in self.tracer.inputs:
             a = inp.array
-            if value.array is a or (value.array.base is a and value.array.size == a.size
-                                    and _squeezed(value.shape) == _squeezed(a.shape)
-                                    and np.array_equal(value.data.reshape(a.shape), a)):
+            if value.array is a or (
+                value.array.base is a
+                and value.array.size == a.size
+                and _squeezed(value.shape) == _squeezed(a.shape)
+                and np.array_equal(value.data.reshape(a.shape), a)
+            ):
                 name = self.name(inp)
                 if value.shape == inp.shape:
                     return name
@@ -131,8 +135,10 @@ class Translator:
             for out in node.outputs:
                 if out.dtype not in SUPPORTED_DTYPES:
                     hint = " (call model.to('float32'))" if out.dtype.kind == "f" else ""
-                    raise self.refuse(f"it produces {out.dtype}; exported graphs compute in float32 with "
-                                      f"int32/int64/bool indices and masks{hint}")
+                    raise self.refuse(
+                        f"it produces {out.dtype}; exported graphs compute in float32 with "
+                        f"int32/int64/bool indices and masks{hint}"
+                    )
             rule = rules.get(node.op)
             if rule is None:
                 raise self.refuse(

@@ -9,6 +9,7 @@ with numbers. A value
 agrees when each element is within 1e-5 absolutely or relatively (float32);
 integers and booleans must be equal.
 """
+
 import numpy as np
 
 from everyo.errors import EveryOExportMismatchError
@@ -34,8 +35,9 @@ def _errors(actual, expected):
 
 def _session(ort, model_bytes, optimise):
     options = ort.SessionOptions()
-    options.graph_optimization_level = (ort.GraphOptimizationLevel.ORT_ENABLE_ALL if optimise
-                                         else ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
+    options.graph_optimization_level = (
+        ort.GraphOptimizationLevel.ORT_ENABLE_ALL if optimise else ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    )
     return ort.InferenceSession(model_bytes, options, providers=["CPUExecutionProvider"])
 
 
@@ -76,28 +78,49 @@ def report(model_bytes, keep):
     def compare(run, names, arrays, origins, session, inputs):
         results = session.run(names, inputs)
         for name, origin, expected, actual in zip(names, origins, arrays, results):
-            max_abs, max_rel, ok = _errors(actual, expected) if actual.shape == expected.shape else (
-                float("inf"), float("inf"), False)
-            out.append(dict(value=name, node=node_of.get(name, ""), op=origin.op if origin is not None else "output",
-                            line=origin.line if origin is not None else "", run=run,
-                            max_abs=max_abs, max_rel=max_rel, ok=ok))
+            max_abs, max_rel, ok = (
+                _errors(actual, expected) if actual.shape == expected.shape else (float("inf"), float("inf"), False)
+            )
+            out.append(
+                dict(
+                    value=name,
+                    node=node_of.get(name, ""),
+                    op=origin.op if origin is not None else "output",
+                    line=origin.line if origin is not None else "",
+                    run=run,
+                    max_abs=max_abs,
+                    max_rel=max_rel,
+                    ok=ok,
+                )
+            )
 
     final = keep["output_names"]
     recorded = [np.asarray(t.data) for t in keep["outputs"]]
     sources = [keep["trace"].values[id(t)].node for t in keep["outputs"]]
     exposed = proto.SerializeToString()
-    names, arrays, origins = [r[0] for r in rows] + final, [r[2] for r in rows] + recorded, [r[1] for r in rows] + sources
+    names, arrays, origins = (
+        [r[0] for r in rows] + final,
+        [r[2] for r in rows] + recorded,
+        [r[1] for r in rows] + sources,
+    )
     compare("optimisations off", names, arrays, origins, _session(ort, exposed, optimise=False), feeds)
     # Optimised with every intermediate exposed (ORT still fuses what keeps them), then as deployed.
-    compare("optimisations on, intermediates exposed", names, arrays, origins, _session(ort, exposed, optimise=True),
-            feeds)
+    compare(
+        "optimisations on, intermediates exposed", names, arrays, origins, _session(ort, exposed, optimise=True), feeds
+    )
     compare("optimisations on", final, recorded, sources, _session(ort, model_bytes, optimise=True), feeds)
     if "arrays2" in keep:
         feeds2 = dict(zip(keep["input_names"], keep["arrays2"]))
         recorded2 = [np.asarray(t.data) for t in keep["outputs2"]]
         sizes = ", ".join(str(a.shape) for a in keep["arrays2"])
-        compare(f"optimisations on, input sizes {sizes}", final, recorded2, sources,
-                _session(ort, model_bytes, optimise=True), feeds2)
+        compare(
+            f"optimisations on, input sizes {sizes}",
+            final,
+            recorded2,
+            sources,
+            _session(ort, model_bytes, optimise=True),
+            feeds2,
+        )
     return out
 
 
@@ -111,7 +134,8 @@ def check_agreement(model_bytes, keep):
             f"ONNX Runtime disagrees with EveryO at value '{r['value']}' (from op '{r['op']}' at {r['line']}, "
             f"{r['run']}): max abs error {r['max_abs']:.3g}, max rel error {r['max_rel']:.3g}, over the "
             f"tolerance {TOLERANCE:g}; {len(bad)} of {len(rows)} compared values disagree. The file was not "
-            f"written (an existing file at the path is left as it was)")
+            f"written (an existing file at the path is left as it was)"
+        )
     return rows
 
 
@@ -119,8 +143,10 @@ def format_report(rows):
     """The report as a text table, one line per compared value."""
     lines = [f"{'node':<34} {'op':<14} {'max abs':>10} {'max rel':>10}  ok  run"]
     for r in rows:
-        lines.append(f"{(r['node'] or r['value'])[:34]:<34} {r['op'][:14]:<14} {r['max_abs']:>10.3g} "
-                     f"{r['max_rel']:>10.3g}  {'yes' if r['ok'] else 'NO ':<3} {r['run']}")
+        lines.append(
+            f"{(r['node'] or r['value'])[:34]:<34} {r['op'][:14]:<14} {r['max_abs']:>10.3g} "
+            f"{r['max_rel']:>10.3g}  {'yes' if r['ok'] else 'NO ':<3} {r['run']}"
+        )
     return "\n".join(lines)
 
 
@@ -156,6 +182,13 @@ def verify_onnx(model, path, example_input):
     opset = next(o.version for o in proto.opset_import if o.domain in ("", "ai.onnx"))
     example = example_input if isinstance(example_input, tuple) else (example_input,)
     keep = {}
-    build_model(model, example_input=example, input_names=[i.name for i in inputs],
-                output_names=[o.name for o in proto.graph.output], dynamic_axes=axes, opset=opset, _keep=keep)
+    build_model(
+        model,
+        example_input=example,
+        input_names=[i.name for i in inputs],
+        output_names=[o.name for o in proto.graph.output],
+        dynamic_axes=axes,
+        opset=opset,
+        _keep=keep,
+    )
     return report(proto.SerializeToString(), keep)

@@ -25,6 +25,7 @@ microsecond), then yields the core, then sleeps, so oversubscribed workers
 While waiting it notices an abort, a peer that returned or failed without
 reaching the barrier, and a parent that died.
 """
+
 from __future__ import annotations
 
 import os
@@ -52,13 +53,13 @@ _STATE_NAMES = {RUNNING: "running", RETURNED: "returned from its worker", FAILED
 # short and the rank soon yields and sleeps. Measured on 2 cores, the spec's
 # training ran ~1.2x faster at 2 workers with a 1 ms spin and ~1.9x with a
 # short one, while a short spin tripled the 1e3-element all-reduce latency.
-_SPIN_CHECKS = 20000       # ~1 ms of pure spinning while recent waits were short
-_SPIN_CHECKS_SHORT = 300   # ~20 us after a long wait, or with more ranks than cores
+_SPIN_CHECKS = 20000  # ~1 ms of pure spinning while recent waits were short
+_SPIN_CHECKS_SHORT = 300  # ~20 us after a long wait, or with more ranks than cores
 _LONG_WAIT_SECONDS = 0.0005
 _RECENT_BARRIERS = 0b1111  # a long wait among the last 4 barriers keeps spins short
-_YIELD_SECONDS = 0.001     # then sched_yield until 1 ms has passed
-_SLEEP_SECONDS = 0.0001    # then sleep in 0.1 ms steps: a waiting rank must not steal the
-                           # core from the rank it waits for when there are more ranks than cores
+_YIELD_SECONDS = 0.001  # then sched_yield until 1 ms has passed
+_SLEEP_SECONDS = 0.0001  # then sleep in 0.1 ms steps: a waiting rank must not steal the
+# core from the rank it waits for when there are more ranks than cores
 _PARENT_CHECK_SECONDS = 0.1
 
 
@@ -84,8 +85,8 @@ class ControlBlock:
         self._records_offset = (1 + world_size) * _LINE_WORDS * 8
         self._barriers = 0
         self._parent = os.getppid()
-        self.oversubscribed = False   # set by the group when world_size > cores
-        self._recent_long_waits = 0   # bit i: the i-th last barrier waited long
+        self.oversubscribed = False  # set by the group when world_size > cores
+        self._recent_long_waits = 0  # bit i: the i-th last barrier waited long
 
     # -- creation / attachment ------------------------------------------------
     @classmethod
@@ -143,14 +144,14 @@ class ControlBlock:
     def publish(self, record: CollectiveRecord) -> bytes:
         packed = record.pack()
         start = self._record_offset(record.seq, self.rank)
-        self.segment.buf[start:start + len(packed)] = packed
+        self.segment.buf[start : start + len(packed)] = packed
         return packed
 
     def records_match(self, seq: int, packed: bytes) -> bool:
         buf, size = self.segment.buf, CollectiveRecord.PACKED_SIZE
         for rank in range(self.world_size):
             start = self._record_offset(seq, rank)
-            if buf[start:start + size] != packed:
+            if buf[start : start + size] != packed:
                 return False
         return True
 
@@ -159,7 +160,7 @@ class ControlBlock:
         out = []
         for rank in range(self.world_size):
             start = self._record_offset(seq, rank)
-            out.append(CollectiveRecord.unpack(self.segment.buf[start:start + size]))
+            out.append(CollectiveRecord.unpack(self.segment.buf[start : start + size]))
         return out
 
     def last_record(self, rank: int):
@@ -168,7 +169,7 @@ class ControlBlock:
         best = None
         for parity in (0, 1):
             start = self._record_offset(parity, rank)
-            raw = self.segment.buf[start:start + size]
+            raw = self.segment.buf[start : start + size]
             if raw == bytes(size):
                 continue
             record = CollectiveRecord.unpack(raw)
@@ -190,8 +191,9 @@ class ControlBlock:
         words[self._line(self.rank) + _COUNTER] = target
         # Off the main thread (DistributedDataParallel's background all-reduce) a pure-Python
         # spin would hold the GIL the main thread's backward pass needs: spin briefly, then sleep.
-        patient = not (self.oversubscribed or self._recent_long_waits
-                       or threading.current_thread() is not threading.main_thread())
+        patient = not (
+            self.oversubscribed or self._recent_long_waits or threading.current_thread() is not threading.main_thread()
+        )
         spin = _SPIN_CHECKS if patient else _SPIN_CHECKS_SHORT
         long_wait = False
         for peer in range(self.world_size):

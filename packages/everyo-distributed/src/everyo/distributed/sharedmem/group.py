@@ -22,12 +22,19 @@ creates the next generation, a barrier, the others map it, and the data is
 written there. Training calls the same collective every step, so this happens
 once.
 """
+
 from __future__ import annotations
 
 import numpy as np
 
 from everyo.errors import EveryODistributedError
-from everyo.distributed.protocol import CollectiveRecord, ProcessGroup, check_records, reduce_in_rank_order, split_blocks
+from everyo.distributed.protocol import (
+    CollectiveRecord,
+    ProcessGroup,
+    check_records,
+    reduce_in_rank_order,
+    split_blocks,
+)
 from everyo.distributed.sharedmem.control import FAILED, RETURNED, ControlBlock
 from everyo.distributed.sharedmem.segment import attach_segment, create_segment, unlink_segment
 from everyo.distributed.threads import available_cores
@@ -35,9 +42,9 @@ from everyo.distributed.threads import available_cores
 __all__ = ["SharedMemoryGroup", "data_segment_name"]
 
 _MIN_CAPACITY = 1 << 16
-_SPLIT_ELEMENTS = 1 << 15   # below this, splitting costs more in Python overhead than it saves
+_SPLIT_ELEMENTS = 1 << 15  # below this, splitting costs more in Python overhead than it saves
 _ALIGN = 4096
-_DIRECT_PAIRS = True        # see _all_reduce (a switch for the benchmark's A/B comparison)
+_DIRECT_PAIRS = True  # see _all_reduce (a switch for the benchmark's A/B comparison)
 
 
 def data_segment_name(control_name: str, generation: int) -> str:
@@ -55,9 +62,9 @@ class SharedMemoryGroup(ProcessGroup):
         self._control_name = control_name
         self._control = ControlBlock.attach(control_name, world_size, rank)
         self._control.oversubscribed = world_size > available_cores()
-        self._data = None          # Segment of the current generation
+        self._data = None  # Segment of the current generation
         self._generation = 0
-        self._capacity = 0         # bytes per slot; identical on every rank
+        self._capacity = 0  # bytes per slot; identical on every rank
 
     def _close(self) -> None:
         """Unmap this rank's views (the parent unlinks the segments)."""
@@ -108,8 +115,11 @@ class SharedMemoryGroup(ProcessGroup):
         self._exchange(record, data, writes=True)
         world, n = self._world_size, data.size
         slots = [self._slot(r, data.dtype, n) for r in range(world)]
-        if n < _SPLIT_ELEMENTS or world == 1 or (world == 2 and op == "sum" and data.dtype.kind == "f"
-                                                 and _DIRECT_PAIRS):
+        if (
+            n < _SPLIT_ELEMENTS
+            or world == 1
+            or (world == 2 and op == "sum" and data.dtype.kind == "f" and _DIRECT_PAIRS)
+        ):
             # Two ranks' float sum is one add in the input dtype, no dearer than the copy out of a
             # split reduction: every rank adds everything straight into its own result, saving the
             # result slot's round trip and a barrier. (The mean's add, halve and finiteness check
@@ -153,6 +163,7 @@ class SharedMemoryGroup(ProcessGroup):
         packed = self._control.publish(record)
         self._control.barrier(record)
         self._check(record, packed)
+
     def _grow(self, nbytes: int, record) -> None:
         capacity = max(nbytes, 2 * self._capacity, _MIN_CAPACITY)
         capacity = -(-capacity // _ALIGN) * _ALIGN
@@ -165,7 +176,7 @@ class SharedMemoryGroup(ProcessGroup):
             self._control.set_data_segment(generation, capacity)
             if old is not None:
                 old.close()
-                unlink_segment(old.name)   # the peers still hold their mappings until they swap
+                unlink_segment(old.name)  # the peers still hold their mappings until they swap
         elif old is not None:
             old.close()
         self._control.barrier(record)

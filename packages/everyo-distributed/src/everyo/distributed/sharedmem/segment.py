@@ -11,6 +11,7 @@ about (or unlink) a segment still in use. So here:
 * :func:`unlink_segment` unlinks and unregisters exactly once; unlinking a
   name that is already gone is not an error (a cleanup path may run twice).
 """
+
 from __future__ import annotations
 
 import mmap

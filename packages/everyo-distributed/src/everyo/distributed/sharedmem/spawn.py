@@ -7,6 +7,7 @@ that raised, one that died without a word (a signal, ``os._exit``) and a
 timeout are all noticed at once; it then sets the control block's abort word,
 which releases every rank blocked in a collective, and stops whatever is left.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -28,10 +29,10 @@ from everyo.distributed.threads import worker_thread_env
 
 __all__ = ["spawn"]
 
-DEFAULT_STALL_TIMEOUT = 600.0   # as long as PyTorch's NCCL watchdog waits by default
-_STALL_CHECK_SECONDS = 0.25     # how often the parent looks at the barrier counters
-_GRACE_SECONDS = 1.0   # after a failure: how long the other ranks get to stop on their own
-_EXIT_SECONDS = 10.0   # after success: how long the ranks get to exit before being terminated
+DEFAULT_STALL_TIMEOUT = 600.0  # as long as PyTorch's NCCL watchdog waits by default
+_STALL_CHECK_SECONDS = 0.25  # how often the parent looks at the barrier counters
+_GRACE_SECONDS = 1.0  # after a failure: how long the other ranks get to stop on their own
+_EXIT_SECONDS = 10.0  # after success: how long the ranks get to exit before being terminated
 _TIMEOUT_HINT = "If spawn times out: " + HINT[0].lower() + HINT[1:]
 
 
@@ -77,8 +78,12 @@ def spawn(worker, world_size: int, args=(), timeout=None, *, stall_timeout=_NOT_
     if stall_timeout is _NOT_GIVEN:
         stall_timeout = DEFAULT_STALL_TIMEOUT
     elif stall_timeout is None:
-        warnings.warn("spawn(stall_timeout=None): a rank stuck outside the collectives will make spawn wait "
-                      "forever (unless timeout= is set)", RuntimeWarning, stacklevel=2)
+        warnings.warn(
+            "spawn(stall_timeout=None): a rank stuck outside the collectives will make spawn wait "
+            "forever (unless timeout= is set)",
+            RuntimeWarning,
+            stacklevel=2,
+        )
     elif not stall_timeout > 0:
         raise ValueError(f"spawn: stall_timeout must be positive seconds or None, got {stall_timeout!r}")
     args = tuple(args)
@@ -120,7 +125,7 @@ def spawn(worker, world_size: int, args=(), timeout=None, *, stall_timeout=_NOT_
     finally:
         _stop(processes)
         for process in processes:
-            process.close()      # its sentinel fd: a retained exception must not keep it open
+            process.close()  # its sentinel fd: a retained exception must not keep it open
         for pipe in pipes:
             pipe.close()
         generation, _ = control.data_segment()
@@ -155,7 +160,7 @@ def _termination_raises():
         raise _Terminated(f"spawn's parent received {signal.Signals(signum).name}")
 
     for sig in (signal.SIGTERM, signal.SIGHUP):
-        if signal.getsignal(sig) is signal.SIG_DFL:   # leave a handler the program installed alone
+        if signal.getsignal(sig) is signal.SIG_DFL:  # leave a handler the program installed alone
             previous[sig] = signal.signal(sig, handler)
     try:
         yield
@@ -210,15 +215,20 @@ def _worker_main(worker, args, rank, world_size, control_name, pipe, parent_pid)
             pipe.send(("ok", result))
         except Exception as exc:
             group._control.abort(rank)
-            pipe.send(("error", f"rank {rank} returned a value that cannot be sent to the parent "
-                                f"({type(exc).__name__}: {exc}); return NumPy arrays or plain Python data",
-                       traceback.format_exc(), False))
+            pipe.send(
+                (
+                    "error",
+                    f"rank {rank} returned a value that cannot be sent to the parent "
+                    f"({type(exc).__name__}: {exc}); return NumPy arrays or plain Python data",
+                    traceback.format_exc(),
+                    False,
+                )
+            )
     except BaseException as exc:  # noqa: B902 - every failure must reach the parent
         if group is not None:
             group._finish(ok=False)
         secondary = isinstance(exc, PeerAbortedError)
-        pipe.send(("error", f"rank {rank} raised {type(exc).__name__}: {exc}",
-                   traceback.format_exc(), secondary))
+        pipe.send(("error", f"rank {rank} raised {type(exc).__name__}: {exc}", traceback.format_exc(), secondary))
     finally:
         if group is not None:
             group.close()
@@ -229,7 +239,7 @@ def _supervise(processes, pipes, control, timeout, stall_timeout=None):
     world_size = len(processes)
     results = [None] * world_size
     finished = [False] * world_size
-    failures = []   # (priority, order, rank, message); lower priority = reported first
+    failures = []  # (priority, order, rank, message); lower priority = reported first
     by_handle = {}
     for rank, (process, pipe) in enumerate(zip(processes, pipes)):
         by_handle[pipe] = ("pipe", rank)
@@ -248,8 +258,14 @@ def _supervise(processes, pipes, control, timeout, stall_timeout=None):
             finished[rank] = True
         else:
             _, text, remote_tb, secondary = message
-            failures.append((2 if secondary else 0, len(failures), rank,
-                             f"{text}\n\nTraceback of rank {rank}:\n{remote_tb.rstrip()}"))
+            failures.append(
+                (
+                    2 if secondary else 0,
+                    len(failures),
+                    rank,
+                    f"{text}\n\nTraceback of rank {rank}:\n{remote_tb.rstrip()}",
+                )
+            )
         return True
 
     while by_handle and not all(finished):
@@ -330,8 +346,10 @@ class _StallWatch:
         lines = []
         for r in behind:
             last = control.last_record(r)
-            lines.append(f"  rank {r}: running, has not reached it (its last collective: "
-                         f"{last.describe() if last is not None else 'none'})")
+            lines.append(
+                f"  rank {r}: running, has not reached it (its last collective: "
+                f"{last.describe() if last is not None else 'none'})"
+            )
         stuck = ", ".join(map(str, behind))
         return behind[0], (
             f"spawn: rank(s) {stuck} stuck outside the collectives: rank(s) {', '.join(map(str, waiting))} "
@@ -339,7 +357,8 @@ class _StallWatch:
             f"rank(s) {stuck} made no progress towards it:\n" + "\n".join(lines) + "\n"
             "Look for an endless loop, a blocking read or a deadlock on those ranks, or a rank that "
             "took a different path through the loop; raise stall_timeout= if a rank legitimately "
-            "works that long alone (an evaluation, a checkpoint).")
+            "works that long alone (an evaluation, a checkpoint)."
+        )
 
 
 def _death_message(rank, exitcode):
@@ -358,7 +377,7 @@ def _death_message(rank, exitcode):
         # Python's own exit code when the new process failed before the worker ran.
         message += (
             " If its stderr above shows a bootstrapping RuntimeError, the script that calls spawn "
-            "needs an `if __name__ == \"__main__\":` guard; if it shows \"Can't get attribute\", "
+            'needs an `if __name__ == "__main__":` guard; if it shows "Can\'t get attribute", '
             "the worker must be defined in an importable module (not in a notebook or an "
             "interactive session)."
         )
@@ -382,7 +401,9 @@ def _timeout_message(timeout, finished, control):
     unfinished = [str(r) for r, done in enumerate(finished) if not done]
     return (
         f"spawn timed out after {timeout} s; rank(s) {', '.join(unfinished)} had not finished:\n"
-        + "\n".join(lines) + "\n" + _TIMEOUT_HINT
+        + "\n".join(lines)
+        + "\n"
+        + _TIMEOUT_HINT
     )
 
 

@@ -46,6 +46,7 @@ never unpickled; every length is bounded; with a shared ``token`` (or
 ``$EVERYO_DIST_TOKEN``) a peer is admitted only after an HMAC challenge. There
 is no encryption: use it on trusted networks only.
 """
+
 from __future__ import annotations
 
 import os
@@ -62,9 +63,9 @@ from everyo.distributed.tcp.server import TCPRendezvousServer
 
 __all__ = ["TCPRendezvousServer", "init_tcp_process_group", "TCPProcessGroup"]
 
-_SEGMENT_BYTES = 1 << 22             # all-reduce streams blocks in pieces this large
-_REUSE_BYTES = 1 << 20               # results this large are recycled (see TCPProcessGroup._output)
-_SMALL_BYTES = 1 << 16               # below this, one round trip beats splitting the reduction
+_SEGMENT_BYTES = 1 << 22  # all-reduce streams blocks in pieces this large
+_REUSE_BYTES = 1 << 20  # results this large are recycled (see TCPProcessGroup._output)
+_SMALL_BYTES = 1 << 16  # below this, one round trip beats splitting the reduction
 _STUCK_HINT = "A rank may also be stuck, or stopped, outside the collectives."
 _LAUNCHER_ENV = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE")
 
@@ -77,15 +78,18 @@ def _from_environment(name, value, convert):
         raise EveryODistributedError(
             f"init_tcp_process_group: no {name.lower().replace('master_', '')} given and ${name} is not set. "
             "Pass host, port, rank and world_size, or launch with a tool that sets "
-            + ", ".join("$" + v for v in _LAUNCHER_ENV) + " (torchrun, Slurm scripts, Kubernetes operators)")
+            + ", ".join("$" + v for v in _LAUNCHER_ENV)
+            + " (torchrun, Slurm scripts, Kubernetes operators)"
+        )
     try:
         return convert(raw)
     except ValueError:
         raise EveryODistributedError(f"init_tcp_process_group: ${name}={raw!r} is not valid") from None
 
 
-def init_tcp_process_group(host: str = None, port: int = None, rank: int = None, world_size: int = None, *,
-                           timeout: float = 60.0, token=None) -> "TCPProcessGroup":
+def init_tcp_process_group(
+    host: str = None, port: int = None, rank: int = None, world_size: int = None, *, timeout: float = 60.0, token=None
+) -> "TCPProcessGroup":
     """Join the group that the :class:`TCPRendezvousServer` at ``host:port`` is forming.
 
     Blocks until all ``world_size`` ranks have joined and this rank is connected
@@ -138,7 +142,8 @@ def init_tcp_process_group(host: str = None, port: int = None, rank: int = None,
             raise EveryODistributedError(
                 f"{where}: timed out after {timeout:g} s. The group forms once all {world_size} ranks have "
                 "joined: check that every rank was started, with the same host, port and world_size, "
-                "and that the server is running on rank 0's machine.") from None
+                "and that the server is running on rank 0's machine."
+            ) from None
         if isinstance(exc, wire.ProtocolError):
             raise wire.ProtocolError(f"{where}: {exc}") from None
         if isinstance(exc, (EveryODistributedError, OSError)):
@@ -153,7 +158,7 @@ def _bind_address(host: str) -> str:
         socket.create_server((host, 0)).close()
         return host
     except OSError:
-        return "0.0.0.0"   # a name that resolves elsewhere (NAT, container): listen everywhere
+        return "0.0.0.0"  # a name that resolves elsewhere (NAT, container): listen everywhere
 
 
 def _byte_view(array: np.ndarray) -> memoryview:
@@ -183,7 +188,7 @@ class TCPProcessGroup(ProcessGroup):
         self._server = server
         for sock in socks.values():
             sock.setblocking(False)
-        self._scratch = {}     # peer -> reusable receive buffer (uint8), grown as needed
+        self._scratch = {}  # peer -> reusable receive buffer (uint8), grown as needed
         self._last_out = None  # the last large result, reused once the caller drops it
 
     def _close(self) -> None:
@@ -201,8 +206,11 @@ class TCPProcessGroup(ProcessGroup):
     # -- collectives -------------------------------------------------------------------------------
     def _barrier(self, record):
         peers = self._peers()
-        self._run(record, [wire.Outgoing(p, self._header(record, 0), b"") for p in peers],
-                  [self._incoming(record, p, memoryview(b"")) for p in peers])
+        self._run(
+            record,
+            [wire.Outgoing(p, self._header(record, 0), b"") for p in peers],
+            [self._incoming(record, p, memoryview(b"")) for p in peers],
+        )
 
     def _broadcast(self, record, data, root):
         """A pipelined chain root -> root+1 -> ... -> root-1, then an empty frame back to the root.
@@ -250,10 +258,10 @@ class TCPProcessGroup(ProcessGroup):
         payload = _byte_view(out[me])
         outgoing.append(wire.Outgoing(nxt, self._header(record, payload.nbytes), payload))
         for k in range(1, world):
-            block = (me - k) % world           # arrives from prev at step k
+            block = (me - k) % world  # arrives from prev at step k
             payload = _byte_view(out[block])
             frame = None
-            if k < world - 1:                  # the last block received is next's own
+            if k < world - 1:  # the last block received is next's own
                 frame = wire.Outgoing(nxt, self._header(record, payload.nbytes), payload, ready=False)
                 outgoing.append(frame)
             incoming.append(self._incoming(record, prev, payload, on_done=_release(frame)))
@@ -277,8 +285,11 @@ class TCPProcessGroup(ProcessGroup):
         if data.nbytes <= _SMALL_BYTES or flat.size < world:
             received = {p: self._buffer(p, data.nbytes).view(data.dtype) for p in peers}
             mine = _byte_view(flat)
-            self._run(record, [wire.Outgoing(p, self._header(record, mine.nbytes), mine) for p in peers],
-                      [self._incoming(record, p, _byte_view(received[p])) for p in peers])
+            self._run(
+                record,
+                [wire.Outgoing(p, self._header(record, mine.nbytes), mine) for p in peers],
+                [self._incoming(record, p, _byte_view(received[p])) for p in peers],
+            )
             return reduce_in_rank_order([received.get(r, flat) for r in range(world)], op)
         out = self._output(flat.size, flat.dtype)
         lo, hi = split_blocks(flat.size, world)[self._rank]
@@ -300,37 +311,42 @@ class TCPProcessGroup(ProcessGroup):
         segments = {r: _segments(start, end, flat.itemsize) for r, (start, end) in enumerate(blocks)}
         received = {p: self._buffer(p, (hi - lo) * flat.itemsize).view(flat.dtype) for p in peers}
         outgoing, incoming = [], []
-        gathers = []          # per segment of my block: its all-gather frames, released once reduced
+        gathers = []  # per segment of my block: its all-gather frames, released once reduced
         for a, b in segments[me]:
             if out is None:
                 gathers.append([])
                 continue
-            payload = _byte_view(mine[a - lo:b - lo])
-            gathers.append([wire.Outgoing(p, self._header(record, payload.nbytes), payload, ready=False)
-                            for p in peers])
+            payload = _byte_view(mine[a - lo : b - lo])
+            gathers.append(
+                [wire.Outgoing(p, self._header(record, payload.nbytes), payload, ready=False) for p in peers]
+            )
         arrivals = [0] * len(segments[me])
 
         def arrived(k):
             arrivals[k] += 1
             if arrivals[k] == len(peers):
                 a, b = segments[me][k]
-                reduce_in_rank_order([received[r][a - lo:b - lo] if r != me else flat[a:b] for r in range(world)],
-                                     op, out=mine[a - lo:b - lo])
+                reduce_in_rank_order(
+                    [received[r][a - lo : b - lo] if r != me else flat[a:b] for r in range(world)],
+                    op,
+                    out=mine[a - lo : b - lo],
+                )
                 for frame in gathers[k]:
                     frame.ready = True
 
         for p in peers:
-            for a, b in segments[p]:               # reduce-scatter: my data for p's block
+            for a, b in segments[p]:  # reduce-scatter: my data for p's block
                 payload = _byte_view(flat[a:b])
                 outgoing.append(wire.Outgoing(p, self._header(record, payload.nbytes), payload))
-            for k, (a, b) in enumerate(segments[me]):   # p's data for my block
-                incoming.append(self._incoming(record, p, _byte_view(received[p][a - lo:b - lo]),
-                                               on_done=lambda k=k: arrived(k)))
-        for frames in gathers:                      # all-gather: my reduced block, to everybody
+            for k, (a, b) in enumerate(segments[me]):  # p's data for my block
+                incoming.append(
+                    self._incoming(record, p, _byte_view(received[p][a - lo : b - lo]), on_done=lambda k=k: arrived(k))
+                )
+        for frames in gathers:  # all-gather: my reduced block, to everybody
             outgoing.extend(frames)
         if out is not None:
             for p in peers:
-                for a, b in segments[p]:            # everybody's reduced block, straight into the result
+                for a, b in segments[p]:  # everybody's reduced block, straight into the result
                     incoming.append(self._incoming(record, p, _byte_view(out[a:b])))
         self._run(record, outgoing, incoming)
 
@@ -365,14 +381,22 @@ class TCPProcessGroup(ProcessGroup):
 
     def _refuse(self, op, data):
         if data is not None and data.dtype.name not in wire.DTYPES:
-            return (f"{op}: dtype {data.dtype.name} has no code in the TCP wire format; "
-                    f"supported: {', '.join(wire.DTYPES[1:])}")
+            return (
+                f"{op}: dtype {data.dtype.name} has no code in the TCP wire format; "
+                f"supported: {', '.join(wire.DTYPES[1:])}"
+            )
         return None
 
     def _header(self, record, length) -> bytes:
-        return wire.pack_header(wire.DATA, length, op=wire.OPS.index(record.op),
-                                dtype=wire.DTYPES.index(record.dtype), root=record.root,
-                                seq=record.seq, count=record.size)
+        return wire.pack_header(
+            wire.DATA,
+            length,
+            op=wire.OPS.index(record.op),
+            dtype=wire.DTYPES.index(record.dtype),
+            root=record.root,
+            seq=record.seq,
+            count=record.size,
+        )
 
     def _incoming(self, record, peer, payload, on_done=None):
         def check(fields):
@@ -383,19 +407,24 @@ class TCPProcessGroup(ProcessGroup):
             if theirs != record:
                 raise EveryODistributedError(
                     f"collective mismatch: rank {self._rank} called {record.describe()}, "
-                    f"but rank {peer} called {theirs.describe()}. {HINT}")
+                    f"but rank {peer} called {theirs.describe()}. {HINT}"
+                )
+
         return wire.Incoming(peer, payload, check, on_done)
 
     def _run(self, record, outgoing, incoming):
         """Move the frames; on any failure, close every connection so the peers fail fast too."""
+
         def timed_out(peers):
             who = ", ".join(map(str, peers))
             return EveryODistributedError(
-                f"timed out after {self.timeout:g} s waiting for rank(s) {who}. {HINT} {_STUCK_HINT}")
+                f"timed out after {self.timeout:g} s waiting for rank(s) {who}. {HINT} {_STUCK_HINT}"
+            )
 
         try:
-            wire.transfer(self._socks, outgoing, incoming, time.monotonic() + self.timeout,
-                          timed_out, lambda peer: f"rank {peer}")
+            wire.transfer(
+                self._socks, outgoing, incoming, time.monotonic() + self.timeout, timed_out, lambda peer: f"rank {peer}"
+            )
         except BaseException as exc:
             self.close()
             if isinstance(exc, EveryODistributedError):
@@ -410,4 +439,5 @@ def _release(frame):
 
     def release():
         frame.ready = True
+
     return release

@@ -26,6 +26,7 @@ Floods: new connections are never refused; when the handshake slots are full
 its HELLO is dropped, and each handshake has a short deadline. Workers retry
 a dropped connection until their own timeout.
 """
+
 from __future__ import annotations
 
 import select
@@ -38,13 +39,13 @@ from everyo.distributed.tcp import wire
 
 __all__ = ["join"]
 
-_JOIN = struct.Struct("<iiHH")       # rank, world_size, listening port, address length
-_PEER = struct.Struct("<HH")         # port, address length (then the address)
-_PAIR = struct.Struct("<ii")         # connecting rank, accepting rank
+_JOIN = struct.Struct("<iiHH")  # rank, world_size, listening port, address length
+_PEER = struct.Struct("<HH")  # port, address length (then the address)
+_PAIR = struct.Struct("<ii")  # connecting rank, accepting rank
 SESSION_BYTES = 16
 MAX_ADDRESS = 255
-_PEER_HANDSHAKE_SECONDS = 5.0        # a stray connection to a worker's port is dropped after this
-_MAX_PEER_PENDING = 64               # unverified connections a worker's listener holds at once
+_PEER_HANDSHAKE_SECONDS = 5.0  # a stray connection to a worker's port is dropped after this
+_MAX_PEER_PENDING = 64  # unverified connections a worker's listener holds at once
 _HELLO_SIZE = SESSION_BYTES + 8 + 32  # PEER_HELLO payload: session, pair, MAC
 
 
@@ -111,9 +112,10 @@ def _rendezvous(sock, key, rank, world_size, listener, deadline, server):
     """The client half of the server's handshake; returns the session id and every rank's address."""
     client_nonce = wire.nonce()
     wire.send_frame(sock, wire.HELLO, client_nonce)
-    _, challenge = wire.recv_frame(sock, (wire.CHALLENGE,), deadline, server, "the handshake",
-                                   max_length=2 * wire.NONCE_BYTES)
-    server_nonce, proof = challenge[:wire.NONCE_BYTES], challenge[wire.NONCE_BYTES:]
+    _, challenge = wire.recv_frame(
+        sock, (wire.CHALLENGE,), deadline, server, "the handshake", max_length=2 * wire.NONCE_BYTES
+    )
+    server_nonce, proof = challenge[: wire.NONCE_BYTES], challenge[wire.NONCE_BYTES :]
     if not wire.macs_equal(proof, wire.mac(key, b"server", client_nonce, server_nonce)):
         raise EveryODistributedError(
             f"{server} failed the token check: it was started with a different token (or none). "
@@ -132,7 +134,7 @@ def _rendezvous(sock, key, rank, world_size, listener, deadline, server):
             raise wire.ProtocolError(f"{server} sent a truncated peer table")
         peer_port, length = _PEER.unpack_from(body, offset)
         offset += _PEER.size
-        addresses.append((body[offset:offset + length].decode("ascii"), peer_port))
+        addresses.append((body[offset : offset + length].decode("ascii"), peer_port))
         offset += length
     if offset != len(body) or len(session) != SESSION_BYTES:
         raise wire.ProtocolError(f"{server} sent a malformed peer table")
@@ -152,8 +154,9 @@ def _connect_mesh(listener, key, session, rank, addresses, deadline):
             socks[peer] = sock = _connect(addresses[peer], deadline, f"rank {peer}")
             pair = _PAIR.pack(rank, peer)
             wire.send_frame(sock, wire.PEER_HELLO, session + pair + wire.mac(key, b"peer", session, pair))
-            _, ack = wire.recv_frame(sock, (wire.PEER_ACK,), deadline, f"rank {peer}", "connecting the group",
-                                     max_length=32)
+            _, ack = wire.recv_frame(
+                sock, (wire.PEER_ACK,), deadline, f"rank {peer}", "connecting the group", max_length=32
+            )
             if not wire.macs_equal(ack, wire.mac(key, b"ack", session, pair)):
                 raise wire.ProtocolError(f"rank {peer} failed the token check while connecting the group")
         missing = set(range(rank + 1, len(addresses)))
@@ -175,7 +178,7 @@ def _accept_peers(listener, key, session, rank, missing, deadline) -> dict:
     send their PEER_HELLO at once, are verified as soon as it arrives.
     """
     frame = wire.HEADER_SIZE + _HELLO_SIZE
-    pending = {}          # socket -> (received bytes, drop-after time), insertion order = age
+    pending = {}  # socket -> (received bytes, drop-after time), insertion order = age
     found = {}
     listener.setblocking(False)
     poller = select.poll()
@@ -242,11 +245,11 @@ def _accept_peers(listener, key, session, rank, missing, deadline) -> dict:
 def _verify_peer(conn, data, key, session, rank, missing):
     """Check a complete PEER_HELLO frame; acknowledge it and return the peer rank, or None to drop it."""
     try:
-        kind, _, _, _, _, _, length = wire.unpack_header(data[:wire.HEADER_SIZE], "a connecting peer")
-        hello = data[wire.HEADER_SIZE:]
+        kind, _, _, _, _, _, length = wire.unpack_header(data[: wire.HEADER_SIZE], "a connecting peer")
+        hello = data[wire.HEADER_SIZE :]
         if kind != wire.PEER_HELLO or length != _HELLO_SIZE:
             return None
-        pair = hello[SESSION_BYTES:SESSION_BYTES + _PAIR.size]
+        pair = hello[SESSION_BYTES : SESSION_BYTES + _PAIR.size]
         if hello[:SESSION_BYTES] != session or not wire.macs_equal(hello[-32:], wire.mac(key, b"peer", session, pair)):
             return None
         peer, target = _PAIR.unpack(pair)

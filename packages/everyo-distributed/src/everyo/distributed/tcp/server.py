@@ -7,6 +7,7 @@ connection, and a flood of connections cannot lock genuine workers out (new
 connections are never refused; when the slots are full the oldest one that
 has not even sent its HELLO makes room).
 """
+
 from __future__ import annotations
 
 import errno
@@ -25,8 +26,8 @@ from everyo.distributed.tcp.rendezvous import _JOIN, _PEER, MAX_ADDRESS, SESSION
 
 __all__ = ["TCPRendezvousServer"]
 
-_MAX_PENDING_HANDSHAKES = 64         # connections the server checks at once (the oldest goes first) ...
-_MAX_PENDING_PER_ADDRESS = 16        # ... and at most this many from one address
+_MAX_PENDING_HANDSHAKES = 64  # connections the server checks at once (the oldest goes first) ...
+_MAX_PENDING_PER_ADDRESS = 16  # ... and at most this many from one address
 
 
 class _Member:
@@ -56,8 +57,15 @@ class TCPRendezvousServer:
             ...  # start workers with init_tcp_process_group("127.0.0.1", server.port, rank, 2)
     """
 
-    def __init__(self, host: str = "127.0.0.1", port: int = 0, world_size: int = None, *,
-                 token=None, handshake_timeout: float = 3.0):
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        world_size: int = None,
+        *,
+        token=None,
+        handshake_timeout: float = 3.0,
+    ):
         if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
             raise ValueError(f"TCPRendezvousServer: world_size must be a positive int, got {world_size!r}")
         self.world_size = world_size
@@ -68,8 +76,12 @@ class TCPRendezvousServer:
         except OSError as exc:
             raise EveryODistributedError(
                 f"TCPRendezvousServer cannot listen on {host}:{port}: {exc.strerror or exc}"
-                + (" (another process holds the port; pick another or port=0 for a free one)"
-                   if exc.errno == errno.EADDRINUSE else "")) from None
+                + (
+                    " (another process holds the port; pick another or port=0 for a free one)"
+                    if exc.errno == errno.EADDRINUSE
+                    else ""
+                )
+            ) from None
         self._listener.setblocking(False)
         self.host, self.port = host, self._listener.getsockname()[1]
         if not self._key and not _is_loopback(self._listener.getsockname()[0]):
@@ -77,15 +89,17 @@ class TCPRendezvousServer:
                 f"TCPRendezvousServer listens on {host or '0.0.0.0'}:{self.port}, beyond this machine, "
                 "without a token: anyone who can reach the port can join the group and read the "
                 f"gradients. Pass token= (the same secret to every worker) or set ${wire.TOKEN_ENV}.",
-                RuntimeWarning, stacklevel=2)
+                RuntimeWarning,
+                stacklevel=2,
+            )
         self._wake_read, self._wake_write = socket.socketpair()
         self._lock = threading.Lock()
-        self._members = {}          # rank -> _Member, the round being formed
-        self._handshaking = {}      # connection being checked -> [client address, accepted at, stage]
+        self._members = {}  # rank -> _Member, the round being formed
+        self._handshaking = {}  # connection being checked -> [client address, accepted at, stage]
         self._closed = False
-        self._aborted = None        # why the launch is misconfigured, once a worker showed it
-        self.groups_formed = 0      # rounds completed (for monitoring and tests)
-        self.clients_rejected = 0   # connections dropped: garbage, wrong token, refused joins
+        self._aborted = None  # why the launch is misconfigured, once a worker showed it
+        self.groups_formed = 0  # rounds completed (for monitoring and tests)
+        self.clients_rejected = 0  # connections dropped: garbage, wrong token, refused joins
         self._thread = threading.Thread(target=self._serve, name=f"everyo-rendezvous-{self.port}", daemon=True)
         self._thread.start()
 
@@ -108,7 +122,7 @@ class TCPRendezvousServer:
             members, self._members = list(self._members.values()), {}
             for conn in self._handshaking:
                 try:
-                    conn.shutdown(socket.SHUT_RDWR)   # wakes the handshake thread blocked on it
+                    conn.shutdown(socket.SHUT_RDWR)  # wakes the handshake thread blocked on it
                 except OSError:
                     pass
         self._wake()
@@ -170,8 +184,9 @@ class TCPRendezvousServer:
                 elif len(self._handshaking) >= _MAX_PENDING_HANDSHAKES:
                     self._evict(list(self._handshaking))
                 self._handshaking[conn] = [client[0], time.monotonic(), 0]
-            threading.Thread(target=self._handshake, args=(conn, client), daemon=True,
-                             name=f"everyo-rendezvous-client-{client[1]}").start()
+            threading.Thread(
+                target=self._handshake, args=(conn, client), daemon=True, name=f"everyo-rendezvous-client-{client[1]}"
+            ).start()
 
     def _evict(self, candidates):
         """Shut down the oldest silent candidate (else the oldest); its handshake thread then exits."""
@@ -194,7 +209,7 @@ class TCPRendezvousServer:
                 member.sock.setblocking(False)
                 member.sock.recv(1, socket.MSG_PEEK)
             except (BlockingIOError, InterruptedError):
-                return   # spurious wake-up: nothing to read after all
+                return  # spurious wake-up: nothing to read after all
             except OSError:
                 pass
             del self._members[member.rank]
@@ -207,32 +222,39 @@ class TCPRendezvousServer:
             conn.setblocking(True)
             wire.tune_socket(conn)
             deadline = time.monotonic() + self._handshake_timeout
-            _, client_nonce = wire.recv_frame(conn, (wire.HELLO,), deadline, who, "the handshake",
-                                              max_length=wire.NONCE_BYTES)
+            _, client_nonce = wire.recv_frame(
+                conn, (wire.HELLO,), deadline, who, "the handshake", max_length=wire.NONCE_BYTES
+            )
             with self._lock:
                 if original in self._handshaking:
-                    self._handshaking[original][2] = 1   # it spoke: evicted only after the silent ones
+                    self._handshaking[original][2] = 1  # it spoke: evicted only after the silent ones
             if len(client_nonce) != wire.NONCE_BYTES:
                 raise wire.ProtocolError(f"{who} sent a {len(client_nonce)}-byte nonce")
             server_nonce = wire.nonce()
-            wire.send_frame(conn, wire.CHALLENGE, server_nonce + wire.mac(self._key, b"server", client_nonce, server_nonce))
-            _, join_frame = wire.recv_frame(conn, (wire.JOIN,), deadline, who, "the handshake",
-                                            max_length=_JOIN.size + MAX_ADDRESS + 32)
+            wire.send_frame(
+                conn, wire.CHALLENGE, server_nonce + wire.mac(self._key, b"server", client_nonce, server_nonce)
+            )
+            _, join_frame = wire.recv_frame(
+                conn, (wire.JOIN,), deadline, who, "the handshake", max_length=_JOIN.size + MAX_ADDRESS + 32
+            )
             body, proof = join_frame[:-32], join_frame[-32:]
             if len(join_frame) < _JOIN.size + 32 or not wire.macs_equal(
-                    proof, wire.mac(self._key, b"client", server_nonce, client_nonce, body)):
-                raise _Refused("authentication failed: this worker's token does not match the rendezvous "
-                               f"server's. Give the server and every worker the same token= (or ${wire.TOKEN_ENV}).")
+                proof, wire.mac(self._key, b"client", server_nonce, client_nonce, body)
+            ):
+                raise _Refused(
+                    "authentication failed: this worker's token does not match the rendezvous "
+                    f"server's. Give the server and every worker the same token= (or ${wire.TOKEN_ENV})."
+                )
             rank, world_size, port, length = _JOIN.unpack_from(body)
             if len(body) != _JOIN.size + length:
                 raise wire.ProtocolError(f"{who} sent a malformed JOIN frame")
-            address = body[_JOIN.size:].decode("ascii")
+            address = body[_JOIN.size :].decode("ascii")
             self._admit(_Member(conn, f"{client[0]}:{client[1]}", rank, (address, port), client_nonce), world_size)
-            conn = None   # owned by the round now
+            conn = None  # owned by the round now
         except (_Refused, wire.ProtocolError) as exc:
             wire.send_error(conn, str(exc))
         except (OSError, EveryODistributedError, UnicodeDecodeError, struct.error):
-            pass   # timed out, hung up, or sent garbage: drop it quietly
+            pass  # timed out, hung up, or sent garbage: drop it quietly
         finally:
             with self._lock:
                 self._handshaking.pop(original, None)
@@ -248,18 +270,22 @@ class TCPRendezvousServer:
                 raise _Refused("the rendezvous server is closing")
             problem = self._aborted
             if problem is not None:
-                pass   # an earlier worker already showed this launch is misconfigured
+                pass  # an earlier worker already showed this launch is misconfigured
             elif world_size != self.world_size:
-                problem = (f"the worker for rank {member.rank} (from {member.client}) was started with "
-                           f"world_size={world_size}, but the rendezvous server expects world_size="
-                           f"{self.world_size}; give every worker and the server the same world_size")
+                problem = (
+                    f"the worker for rank {member.rank} (from {member.client}) was started with "
+                    f"world_size={world_size}, but the rendezvous server expects world_size="
+                    f"{self.world_size}; give every worker and the server the same world_size"
+                )
             elif not 0 <= member.rank < world_size:
                 problem = f"rank {member.rank} from {member.client} is not in [0, {world_size})"
             elif member.rank in self._members and _alive(self._members[member.rank].sock):
-                problem = (f"rank {member.rank} was claimed twice, by workers from "
-                           f"{self._members[member.rank].client} and {member.client}; every worker "
-                           f"needs a unique rank in [0, {world_size})")
-            elif member.rank in self._members:   # the same worker again, after its connection dropped
+                problem = (
+                    f"rank {member.rank} was claimed twice, by workers from "
+                    f"{self._members[member.rank].client} and {member.client}; every worker "
+                    f"needs a unique rank in [0, {world_size})"
+                )
+            elif member.rank in self._members:  # the same worker again, after its connection dropped
                 self._members.pop(member.rank).sock.close()
             if problem is not None and not self._key:
                 # Without a token anybody can send a JOIN, so a conflicting one proves nothing about
@@ -276,23 +302,24 @@ class TCPRendezvousServer:
                 self._wake()
                 return
             self._members[member.rank] = member
-            self._handshaking.pop(member.sock, None)   # a member now: never evicted as a pending handshake
+            self._handshaking.pop(member.sock, None)  # a member now: never evicted as a pending handshake
             if len(self._members) < self.world_size:
-                self._wake()   # start watching this member for a disconnect
+                self._wake()  # start watching this member for a disconnect
                 return
             members, self._members = [self._members[r] for r in range(self.world_size)], {}
             self.groups_formed += 1
-        self._wake()   # stop watching the members' sockets
+        self._wake()  # stop watching the members' sockets
         session = os.urandom(SESSION_BYTES)
-        table = session + b"".join(_PEER.pack(m.address[1], len(m.address[0])) + m.address[0].encode("ascii")
-                                   for m in members)
+        table = session + b"".join(
+            _PEER.pack(m.address[1], len(m.address[0])) + m.address[0].encode("ascii") for m in members
+        )
         for m in members:
             try:
                 m.sock.setblocking(True)
                 m.sock.settimeout(self._handshake_timeout)
                 wire.send_frame(m.sock, wire.PEERS, table + wire.mac(self._key, b"peers", m.client_nonce, table))
             except OSError:
-                pass   # that worker is gone; the others will notice when it never connects
+                pass  # that worker is gone; the others will notice when it never connects
             finally:
                 m.sock.close()
 

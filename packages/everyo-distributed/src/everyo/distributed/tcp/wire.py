@@ -19,6 +19,7 @@ HMAC-SHA256 over fresh random nonces (the token itself never travels). With
 no token the key is empty: the same exchange still rejects stray clients
 and foreign protocols, but anyone who speaks the protocol can join.
 """
+
 from __future__ import annotations
 
 import collections
@@ -46,15 +47,45 @@ TOKEN_ENV = "EVERYO_DIST_TOKEN"
 
 # Frame kinds.
 HELLO, CHALLENGE, JOIN, PEERS, ERROR, PEER_HELLO, PEER_ACK, DATA = range(1, 9)
-KIND_NAMES = {HELLO: "HELLO", CHALLENGE: "CHALLENGE", JOIN: "JOIN", PEERS: "PEERS", ERROR: "ERROR",
-              PEER_HELLO: "PEER_HELLO", PEER_ACK: "PEER_ACK", DATA: "DATA"}
+KIND_NAMES = {
+    HELLO: "HELLO",
+    CHALLENGE: "CHALLENGE",
+    JOIN: "JOIN",
+    PEERS: "PEERS",
+    ERROR: "ERROR",
+    PEER_HELLO: "PEER_HELLO",
+    PEER_ACK: "PEER_ACK",
+    DATA: "DATA",
+}
 # Collective operations (codes on the wire <-> CollectiveRecord.op names).
 # (Appending keeps the wire compatible with 0.1 for the old codes.)
-OPS = ("none", "all_reduce_sum", "all_reduce_mean", "broadcast", "barrier",
-       "all_gather", "reduce_scatter_sum", "reduce_scatter_mean")
+OPS = (
+    "none",
+    "all_reduce_sum",
+    "all_reduce_mean",
+    "broadcast",
+    "barrier",
+    "all_gather",
+    "reduce_scatter_sum",
+    "reduce_scatter_mean",
+)
 # Data dtypes, always little-endian on the wire.
-DTYPES = ("none", "float16", "float32", "float64", "int8", "int16", "int32", "int64",
-          "uint8", "uint16", "uint32", "uint64", "bool", "bfloat16")
+DTYPES = (
+    "none",
+    "float16",
+    "float32",
+    "float64",
+    "int8",
+    "int16",
+    "int32",
+    "int64",
+    "uint8",
+    "uint16",
+    "uint32",
+    "uint64",
+    "bool",
+    "bfloat16",
+)
 
 if sys.byteorder != "little":  # pragma: no cover - every supported platform is little-endian
     raise ImportError("everyo's TCP process group sends native arrays and needs a little-endian host")
@@ -100,8 +131,10 @@ def unpack_header(raw, who: str):
             "is that address really an everyo rendezvous server or worker?"
         )
     if version != VERSION:
-        raise ProtocolError(f"{who} speaks everyo wire version {version}, this process speaks {VERSION}; "
-                            "install the same everyo-distributed version everywhere")
+        raise ProtocolError(
+            f"{who} speaks everyo wire version {version}, this process speaks {VERSION}; "
+            "install the same everyo-distributed version everywhere"
+        )
     if kind not in KIND_NAMES or op >= len(OPS) or dtype >= len(DTYPES):
         raise ProtocolError(f"{who} sent a malformed frame header (kind {kind}, op {op}, dtype {dtype})")
     return kind, op, dtype, root, seq, count, length
@@ -115,6 +148,7 @@ def dtype_code(dtype) -> int:
 
 
 # -- blocking frames, for handshakes -------------------------------------------------------
+
 
 def send_frame(sock, kind, payload=b"", **fields) -> None:
     sock.sendall(pack_header(kind, len(payload), **fields) + bytes(payload))
@@ -154,8 +188,9 @@ def recv_frame(sock, expect: tuple, deadline: float, who: str, what: str, max_le
     kind, _, _, _, _, _, length = unpack_header(_recv_exactly(sock, HEADER_SIZE, deadline, who, what), who)
     limit = MAX_ERROR_BYTES if kind == ERROR else max_length
     if length > limit:
-        raise ProtocolError(f"{who} announced a {length}-byte {KIND_NAMES[kind]} frame during {what}; "
-                            f"the limit is {limit} bytes")
+        raise ProtocolError(
+            f"{who} announced a {length}-byte {KIND_NAMES[kind]} frame during {what}; the limit is {limit} bytes"
+        )
     payload = bytes(_recv_exactly(sock, length, deadline, who, what)) if length else b""
     if kind == ERROR:
         raise EveryODistributedError(payload.decode("utf-8", "replace"))
@@ -173,6 +208,7 @@ def tune_socket(sock) -> None:
 
 
 # -- non-blocking transfer of many frames at once, for collectives --------------------------
+
 
 class PeerLost(EveryODistributedError):
     """A peer closed its connection or reset it in the middle of a collective."""
@@ -236,10 +272,11 @@ def _send_some(sock, out) -> bool:
 def _recv_some(sock, inc, who) -> bool:
     """Receive what has arrived; True once the whole frame is in. Checks the header as soon as it is complete."""
     if inc.got_header < HEADER_SIZE:
-        n = sock.recv_into(inc.header_view[inc.got_header:])
+        n = sock.recv_into(inc.header_view[inc.got_header :])
         if n == 0:
-            raise PeerLost(f"{who} closed its connection ({inc.got_header} bytes of the expected frame "
-                           f"had arrived){_LOST}")
+            raise PeerLost(
+                f"{who} closed its connection ({inc.got_header} bytes of the expected frame had arrived){_LOST}"
+            )
         inc.got_header += n
         if inc.got_header < HEADER_SIZE:
             return False
@@ -248,10 +285,11 @@ def _recv_some(sock, inc, who) -> bool:
         if fields[6] != len(inc.payload):
             raise ProtocolError(f"{who} announced {fields[6]} payload bytes, expected exactly {len(inc.payload)}")
     elif inc.got < len(inc.payload):
-        n = sock.recv_into(inc.payload[inc.got:])
+        n = sock.recv_into(inc.payload[inc.got :])
         if n == 0:
-            raise PeerLost(f"{who} closed its connection ({HEADER_SIZE + inc.got} bytes of the expected "
-                           f"frame had arrived){_LOST}")
+            raise PeerLost(
+                f"{who} closed its connection ({HEADER_SIZE + inc.got} bytes of the expected frame had arrived){_LOST}"
+            )
         inc.got += n
     return inc.got == len(inc.payload)
 
