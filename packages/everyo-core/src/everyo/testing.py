@@ -135,3 +135,93 @@ def run_docstring_examples(package, *, skip=()):
             if result.failed:
                 failures.append(f"{test.name}:\n" + "".join(report))
     return attempted, failures
+
+
+# Dunder methods that are part of a class's public interface (operators,
+# containers, context managers, calls); other dunders are plumbing.
+_PUBLIC_DUNDERS = frozenset(
+    "__init__ __call__ __enter__ __exit__ __iter__ __next__ __len__ __getitem__ __setitem__ __contains__ "
+    "__add__ __radd__ __iadd__ __sub__ __rsub__ __isub__ __mul__ __rmul__ __imul__ __truediv__ __rtruediv__ "
+    "__itruediv__ __matmul__ __rmatmul__ __pow__ __rpow__ __neg__ __pos__ __abs__ __eq__ __ne__ __lt__ __le__ "
+    "__gt__ __ge__ __bool__ __float__ __int__ __array__".split()
+)
+
+
+def _signature_gaps(qualname, fn, *, is_method):
+    import inspect
+
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return []  # a builtin or C callable: nothing to annotate here
+    gaps = []
+    params = list(sig.parameters.values())
+    if is_method and params and params[0].name in ("self", "cls"):
+        params = params[1:]
+    for p in params:
+        if p.annotation is inspect.Parameter.empty:
+            gaps.append(f"{qualname}: parameter {p.name!r} has no annotation")
+    if sig.return_annotation is inspect.Signature.empty:
+        gaps.append(f"{qualname}: no return annotation")
+    return gaps
+
+
+def unannotated_public_api(module, names=None):
+    """List the gaps in the type annotations of a module's public API.
+
+    The public API is every name in ``names`` (default: the module's
+    ``__all__``, or its public attributes) that EveryO defines: functions, and for classes every public method, operator,
+    property and ``__init__``. Each parameter (but ``self``/``cls``) and each
+    return must be annotated. The test cells call this so that a public
+    signature without annotations fails the tests; ``mypy`` (``hatch run
+    types:check``) then checks that the annotations agree with the code.
+
+    Args:
+        module: an imported module, for example ``everyo`` or ``everyo.amp``.
+        names: the names to check; default ``module.__all__``, or without
+            one the public names the module itself defines.
+
+    Returns:
+        A list of strings, one per gap (``"Tensor.reshape: no return
+        annotation"``); empty when the whole public API is annotated.
+    """
+    import inspect
+
+    if names is None:
+        names = getattr(module, "__all__", None)
+    if names is None:  # no __all__: the public names this module itself defines
+        names = [
+            n
+            for n in dir(module)
+            if not n.startswith("_") and getattr(getattr(module, n), "__module__", None) == module.__name__
+        ]
+    gaps = []
+    seen = set()
+    for name in names:
+        try:
+            obj = getattr(module, name)
+        except ImportError:
+            continue  # an add-on's name, not installed in this cell: its own cell checks it
+        if inspect.ismodule(obj) or id(obj) in seen:
+            continue
+        seen.add(id(obj))
+        home = getattr(obj, "__module__", None) or ""
+        if not (home == "everyo" or home.startswith("everyo.")):
+            continue  # defined elsewhere (NumPy, the standard library, ...)
+        if inspect.isclass(obj):
+            for attr, value in vars(obj).items():
+                if attr.startswith("_") and attr not in _PUBLIC_DUNDERS:
+                    continue
+                qual = f"{name}.{attr}"
+                if isinstance(value, property):
+                    if value.fget is not None:
+                        gaps += _signature_gaps(qual, value.fget, is_method=True)
+                    if value.fset is not None:
+                        gaps += [g for g in _signature_gaps(qual, value.fset, is_method=True) if "return" not in g]
+                elif isinstance(value, (staticmethod, classmethod)):
+                    gaps += _signature_gaps(qual, value.__func__, is_method=isinstance(value, classmethod))
+                elif inspect.isfunction(value):
+                    gaps += _signature_gaps(qual, value, is_method=True)
+        elif inspect.isfunction(obj):
+            gaps += _signature_gaps(name, obj, is_method=False)
+    return gaps
