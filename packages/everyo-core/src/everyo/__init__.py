@@ -12,41 +12,145 @@ __path__ = __import__("pkgutil").extend_path(__path__, __name__)
 
 __version__ = "0.2.0"
 
-from everyo.errors import (  # noqa: E402
-    EveryOError,
-    EveryOShapeError,
-    EveryODTypeError,
-    EveryOStateDictError,
-    EveryOIndexError,
-    EveryOSerializationError,
-    EveryODistributedError,
-    EveryOInPlaceError,
+import typing as _typing  # noqa: E402
+
+from everyo import (  # noqa: E402
+    autograd,
+    data,
+    dispatch,
+    io,
+    nn,
+    optim,
 )
-from everyo.tensor import Tensor, Parameter, tensor, ones, zeros, randn, arange  # noqa: E402
-from everyo import autograd  # noqa: E402
-from everyo.autograd import no_grad, enable_grad, is_grad_enabled, grad  # noqa: E402
-from everyo.functional import *  # noqa: E402,F401,F403
+from everyo import comparisons as _comparisons  # noqa: E402
+from everyo import elementwise as _elementwise  # noqa: E402
+from everyo import functional as _functional  # noqa: E402
+from everyo import indexing as _indexing  # noqa: E402
+from everyo import nn as _nn  # noqa: E402
+from everyo import reductions as _reductions  # noqa: E402
+from everyo import shape_ops as _shape_ops  # noqa: E402
+from everyo import sorting as _sorting  # noqa: E402
+from everyo._allocator import tune_allocator  # noqa: E402
+from everyo.activations import elu, gelu, leaky_relu, silu, softplus  # noqa: E402
+from everyo.autograd import enable_grad, grad, is_grad_enabled, no_grad  # noqa: E402
 from everyo.comparisons import *  # noqa: E402,F401,F403
-from everyo.reductions import *  # noqa: E402,F401,F403
-from everyo.sorting import *  # noqa: E402,F401,F403
-from everyo.elementwise import *  # noqa: E402,F401,F403
-from everyo.shape_ops import *  # noqa: E402,F401,F403
-from everyo.indexing import *  # noqa: E402,F401,F403
 from everyo.contraction import einsum  # noqa: E402
-from everyo.conv import conv2d, max_pool2d, avg_pool2d  # noqa: E402
-from everyo.conv import conv1d  # noqa: E402
+from everyo.conv import (  # noqa: E402
+    avg_pool2d,
+    conv1d,
+    conv2d,
+    max_pool2d,
+)
 from everyo.conv_transpose import conv_transpose2d  # noqa: E402
-from everyo.upsampling import upsample2d  # noqa: E402
-from everyo.activations import gelu, silu, leaky_relu, elu, softplus  # noqa: E402
-from everyo.losses import mse_loss, cross_entropy, binary_cross_entropy_with_logits  # noqa: E402
-from everyo.padding import resolve_padding2d  # noqa: E402
+from everyo.data import DataLoader, Dataset, TensorDataset, pad_sequences  # noqa: E402
+from everyo.elementwise import *  # noqa: E402,F401,F403
+from everyo.errors import (  # noqa: E402
+    EveryODistributedError,
+    EveryODTypeError,
+    EveryOError,
+    EveryOIndexError,
+    EveryOInPlaceError,
+    EveryOSerializationError,
+    EveryOShapeError,
+    EveryOStateDictError,
+)
+from everyo.functional import *  # noqa: E402,F401,F403
+from everyo.indexing import *  # noqa: E402,F401,F403
+from everyo.io import (  # noqa: E402
+    load,
+    load_torch_state_dict,
+    save,
+)
+from everyo.losses import binary_cross_entropy_with_logits, cross_entropy, mse_loss  # noqa: E402
 from everyo.nn import *  # noqa: E402,F401,F403
 from everyo.optim import SGD, Adam, AdamW, RMSprop, clip_grad_norm  # noqa: E402
-from everyo.data import DataLoader, Dataset, TensorDataset, pad_sequences  # noqa: E402
-from everyo.random import manual_seed, get_rng_state, set_rng_state  # noqa: E402
-from everyo.io import save, load  # noqa: E402
-from everyo.io import load_torch_state_dict  # noqa: E402
-from everyo._allocator import tune_allocator  # noqa: E402
+from everyo.padding import resolve_padding2d  # noqa: E402
+from everyo.random import get_rng_state, manual_seed, set_rng_state  # noqa: E402
+from everyo.reductions import *  # noqa: E402,F401,F403
+from everyo.shape_ops import *  # noqa: E402,F401,F403
+from everyo.sorting import *  # noqa: E402,F401,F403
+from everyo.tensor import Parameter, Tensor, arange, ones, randn, tensor, zeros  # noqa: E402
+from everyo.upsampling import upsample2d  # noqa: E402
+
+# The public names, explicitly (so `from everyo import *` and type checkers
+# agree on them); the star-imported modules contribute their own __all__.
+__all__ = [
+    "EveryOError",
+    "EveryOShapeError",
+    "EveryODTypeError",
+    "EveryOStateDictError",
+    "EveryOIndexError",
+    "EveryOSerializationError",
+    "EveryODistributedError",
+    "EveryOInPlaceError",
+    "Tensor",
+    "Parameter",
+    "tensor",
+    "ones",
+    "zeros",
+    "randn",
+    "arange",
+    "autograd",
+    "no_grad",
+    "enable_grad",
+    "is_grad_enabled",
+    "grad",
+    "einsum",
+    "conv2d",
+    "max_pool2d",
+    "avg_pool2d",
+    "conv1d",
+    "conv_transpose2d",
+    "upsample2d",
+    "gelu",
+    "silu",
+    "leaky_relu",
+    "elu",
+    "softplus",
+    "mse_loss",
+    "cross_entropy",
+    "binary_cross_entropy_with_logits",
+    "resolve_padding2d",
+    "SGD",
+    "Adam",
+    "AdamW",
+    "RMSprop",
+    "clip_grad_norm",
+    "DataLoader",
+    "Dataset",
+    "TensorDataset",
+    "pad_sequences",
+    "manual_seed",
+    "get_rng_state",
+    "set_rng_state",
+    "save",
+    "load",
+    "load_torch_state_dict",
+    "tune_allocator",
+    "nn",
+    "optim",
+    "data",
+    "io",
+    "dispatch",
+]
+__all__ += _functional.__all__
+__all__ += _comparisons.__all__
+__all__ += _reductions.__all__
+__all__ += _sorting.__all__
+__all__ += _elementwise.__all__
+__all__ += _shape_ops.__all__
+__all__ += _indexing.__all__
+__all__ += _nn.__all__
+
+if _typing.TYPE_CHECKING:  # the add-ons' headline names, resolved lazily at run time (below)
+    from everyo import amp as _amp
+
+    GradScaler = _amp.GradScaler
+    autocast = _amp.autocast
+    from everyo.onnx import export_onnx as export_onnx
+    from everyo.onnx import onnx_available as onnx_available
+    from everyo.onnx import run_onnx as run_onnx
+    from everyo.onnx import verify_onnx as verify_onnx
 
 # name -> (module, distribution extra). Resolved on first attribute access
 # (PEP 562) so that importing core never imports an add-on.
@@ -60,7 +164,7 @@ _ADDON_NAMES = {
 }
 
 
-def __getattr__(name):
+def __getattr__(name: str) -> object:
     try:
         module_name, extra = _ADDON_NAMES[name]
     except KeyError:
@@ -81,5 +185,5 @@ def __getattr__(name):
     return value
 
 
-def __dir__():
+def __dir__() -> list[str]:
     return sorted(set(globals()) | set(_ADDON_NAMES))

@@ -15,6 +15,8 @@ inference service may not want. So importing everyo never does it; a training
 script (the benchmarks do) calls :func:`tune_allocator` once, explicitly.
 """
 
+from __future__ import annotations
+
 import ctypes
 import sys
 
@@ -26,7 +28,7 @@ _TRIM = 256 * 1024 * 1024
 tuned = False
 
 
-def tune_allocator():
+def tune_allocator() -> bool:
     """Raise glibc's mmap threshold to 32 MiB and its trim threshold to 256 MiB.
 
     Process-wide and irreversible for the process: call it once at the start of

@@ -58,16 +58,27 @@ keeps a copy of every op's inputs and output and compares (a debugging aid:
 it costs a copy of every activation).
 """
 
+from __future__ import annotations
+
 import functools
 import itertools
 import threading
 import weakref
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import numpy as np
 
 from everyo.casting import convert
-
 from everyo.errors import EveryOInPlaceError
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
+    from types import TracebackType
+
+    from everyo._typing import Array, TensorLike
+    from everyo.tensor import Tensor
+
+    _F = TypeVar("_F", bound=Callable[..., Any])
 
 _state = threading.local()
 
@@ -77,7 +88,7 @@ _clock = itertools.count(1)
 latest_version = 0
 
 
-def bump_version(tensor):
+def bump_version(tensor: Tensor) -> None:
     """Record that ``tensor``'s values were just changed in place."""
     global latest_version
     latest_version = tensor._version = next(_clock)
@@ -85,7 +96,7 @@ def bump_version(tensor):
 
 # id(op output) -> (a weak reference to it, copies of its own and its inputs'
 # values), while detect_inplace_writes is on (process-wide, for debugging).
-snapshots = None
+snapshots: dict[int, Any] | None = None
 
 
 class detect_inplace_writes:
@@ -104,50 +115,55 @@ class detect_inplace_writes:
         ...     loss.backward()
     """
 
-    def __enter__(self):
+    def __enter__(self) -> detect_inplace_writes:
         global snapshots
         self._prev = snapshots
         if snapshots is None:
             snapshots = {}
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> Literal[False]:
         global snapshots
         snapshots = self._prev
         return False
 
 
-def snapshot(out):
+def snapshot(out: Tensor) -> None:
     """Keep copies of an op's output and inputs (called by ``Tensor._from_op`` while
     :class:`detect_inplace_writes` is on)."""
+    assert snapshots is not None
     snapshots[id(out)] = (weakref.ref(out), [np.array(t._data, copy=True) for t in (out, *out._parents)])
 
 
-def is_grad_enabled():
+def is_grad_enabled() -> bool:
     """Whether operations on this thread record the graph (``False`` inside ``eo.no_grad()``)."""
     return getattr(_state, "enabled", True)
 
 
 class _GradMode:
-    def __init__(self, enabled):
+    def __init__(self, enabled: bool) -> None:
         self._enabled = enabled
 
-    def __enter__(self):
+    def __enter__(self) -> _GradMode:
         self._prev = is_grad_enabled()
         _state.enabled = self._enabled
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> Literal[False]:
         _state.enabled = self._prev
         return False
 
-    def __call__(self, fn):
+    def __call__(self, fn: _F) -> _F:
         @functools.wraps(fn)
-        def wrapper(*args, **kwargs):
-            with type(self)():
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            with type(self)():  # type: ignore[call-arg]  # the subclasses take no arguments
                 return fn(*args, **kwargs)
 
-        return wrapper
+        return wrapper  # type: ignore[return-value]  # functools.wraps keeps fn's signature
 
 
 class no_grad(_GradMode):
@@ -161,14 +177,14 @@ class no_grad(_GradMode):
         False
     """
 
-    def __init__(self):
+    def __init__(self) -> None:
         super().__init__(False)
 
 
 class enable_grad(_GradMode):
     """Context manager / decorator: ops inside record a graph (inside ``no_grad`` too)."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         super().__init__(True)
 
 
@@ -178,24 +194,27 @@ class RemovableHandle:
 
     __slots__ = ("_hooks", "_fn")
 
-    def __init__(self, hooks, fn):
+    def __init__(self, hooks: list[Any], fn: Callable[..., Any]) -> None:
         self._hooks, self._fn = hooks, fn
 
-    def remove(self):
+    def remove(self) -> None:
+        """Unregister the hook (a second call does nothing)."""
         try:
             self._hooks.remove(self._fn)
         except ValueError:
             pass  # already removed
 
-    def __enter__(self):
+    def __enter__(self) -> RemovableHandle:
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> Literal[False]:
         self.remove()
         return False
 
 
-def queue_callback(fn):
+def queue_callback(fn: Callable[[], object]) -> None:
     """Run ``fn()`` once the backward pass now running has finished.
 
     Only callable from inside a backward pass (from a hook, typically); the
@@ -246,7 +265,7 @@ def _dependencies(roots):
 _ARRAYS = (np.ndarray, np.generic)
 
 
-def materialize(g):
+def materialize(g: Any) -> Any:
     """A gradient as an ndarray (a deferred gradient is built now)."""
     return g if isinstance(g, _ARRAYS) else g.materialize()
 
@@ -382,12 +401,18 @@ def _release(parents, pending, ready):
                 ready.append(parent)
 
 
-def backward(root, grad=None, retain_graph=False):
+def backward(root: Tensor, grad: TensorLike | None = None, retain_graph: bool = False) -> None:
     """Accumulate d(root)/d(leaf) into every leaf's ``.grad`` (see ``Tensor.backward``)."""
     _run([root], [_seed(root, grad)], retain_graph)
 
 
-def grad(outputs, inputs, grad_outputs=None, retain_graph=False, allow_unused=False):
+def grad(
+    outputs: Tensor | Sequence[Tensor],
+    inputs: Tensor | Sequence[Tensor],
+    grad_outputs: TensorLike | Sequence[TensorLike | None] | None = None,
+    retain_graph: bool = False,
+    allow_unused: bool = False,
+) -> tuple[Array | None, ...]:
     """Gradients of ``outputs`` with respect to ``inputs``, returned, not accumulated.
 
     Args:
@@ -412,10 +437,14 @@ def grad(outputs, inputs, grad_outputs=None, retain_graph=False, allow_unused=Fa
 
     outputs = [outputs] if isinstance(outputs, Tensor) else list(outputs)
     inputs = [inputs] if isinstance(inputs, Tensor) else list(inputs)
+    given: list[Any]
     if grad_outputs is None:
-        grad_outputs = [None] * len(outputs)
+        given = [None] * len(outputs)
     elif isinstance(grad_outputs, (Tensor, np.ndarray)):
-        grad_outputs = [grad_outputs]
+        given = [grad_outputs]
+    else:
+        given = list(grad_outputs)  # type: ignore[arg-type]  # a sequence of gradients
+    grad_outputs = given
     if len(grad_outputs) != len(outputs):
         raise ValueError(f"grad: {len(outputs)} outputs but {len(grad_outputs)} grad_outputs")
     for i, t in enumerate(inputs):

@@ -49,11 +49,23 @@ Both hooks live in ContextVars, so they are local to a thread and to a
 and one or two ``ContextVar.get`` more than its forward.
 """
 
+from __future__ import annotations
+
 import functools
 import inspect
-from contextvars import ContextVar
+from contextvars import ContextVar, Token
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import ParamSpec, TypeVar
+
+    from everyo.tensor import Tensor
+
+    _P = ParamSpec("_P")
+    _R = TypeVar("_R")
 
 __all__ = [
     "LOW_PRECISION",
@@ -100,30 +112,31 @@ FLOAT32_COMPUTE_KINDS = frozenset({"elementwise", "reduction", "random"})
 _OWN_16BIT_PATH = frozenset({"relu"})
 _low_precision = None  # everyo.low_precision, bound on first use (it imports Tensor)
 
-_policy = ContextVar("everyo_precision_policy", default=None)
-_tracer = ContextVar("everyo_tracer", default=None)
-_depth = ContextVar("everyo_primitive_depth", default=0)  # only maintained while tracing
+_policy: ContextVar[Any] = ContextVar("everyo_precision_policy", default=None)
+_tracer: ContextVar[Any] = ContextVar("everyo_tracer", default=None)
+_depth: ContextVar[int] = ContextVar("everyo_primitive_depth", default=0)  # only maintained while tracing
 
-OPS = {}
+OPS: dict[str, OpDef] = {}
 _Tensor = None  # everyo.tensor.Tensor, bound on first use (tensor.py imports this module)
 
 
 # --- the precision policy ---------------------------------------------------------
-def get_policy():
+def get_policy() -> Any:
     """The precision policy in force here, or ``None``."""
     return _policy.get()
 
 
-def set_policy(policy):
+def set_policy(policy: Any) -> Token[Any]:
     """Install ``policy`` (or ``None``); returns a token for :func:`reset_policy`."""
     return _policy.set(policy)
 
 
-def reset_policy(token):
+def reset_policy(token: Token[Any]) -> None:
+    """Restore the policy that :func:`set_policy` replaced."""
     _policy.reset(token)
 
 
-def apply(category, *tensors):
+def apply(category: str | None, *tensors: Tensor) -> tuple[Tensor, ...]:
     """Route operands through the policy (identity when none is set).
 
     Primitives get this from their decorator; kept for code outside core's
@@ -135,21 +148,22 @@ def apply(category, *tensors):
 
 
 # --- the tracer -------------------------------------------------------------------
-def get_tracer():
+def get_tracer() -> Any:
     """The tracer in force here, or ``None``."""
     return _tracer.get()
 
 
-def set_tracer(tracer):
+def set_tracer(tracer: Any) -> Token[Any]:
     """Install ``tracer`` (or ``None``); returns a token for :func:`reset_tracer`."""
     return _tracer.set(tracer)
 
 
-def reset_tracer(token):
+def reset_tracer(token: Token[Any]) -> None:
+    """Restore the tracer that :func:`set_tracer` replaced."""
     _tracer.reset(token)
 
 
-def python_value(tensor, kind):
+def python_value(tensor: Tensor, kind: str) -> None:
     """Called by Tensor before it turns into a Python value (``kind`` is
     'bool', 'int', 'float', 'index', 'item' or 'tolist')."""
     tracer = _tracer.get()
@@ -189,16 +203,28 @@ class OpDef:
         "run",
     )
 
-    def __init__(self, name, category, kind, inputs, differentiable, forward, resolve):
+    def __init__(
+        self,
+        name: str,
+        category: str | None,
+        kind: str,
+        inputs: tuple[str, ...] | list[str],
+        differentiable: bool,
+        forward: Callable[..., Any],
+        resolve: Callable[..., Any] | None,
+    ) -> None:
         self.name, self.category, self.kind = name, category, kind
         self.inputs, self.differentiable = tuple(inputs), bool(differentiable)
-        self.forward, self.function, self.resolve = forward, None, resolve
+        self.forward, self.resolve = forward, resolve
+        self.function: Callable[..., Any] | None = None
         self.signature = inspect.signature(forward)
         params = self.signature.parameters
         positional = [
             p.name for p in params.values() if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL)
         ]
-        slots = []  # (parameter, its position or None, "one" | "sequence" | "varargs")
+        slots: list[
+            tuple[str, int | None, str]
+        ] = []  # (parameter, its position or None, "one" | "sequence" | "varargs")
         for spec in self.inputs:
             pname = spec.lstrip("*")
             if pname not in params:
@@ -210,13 +236,21 @@ class OpDef:
             )
             slots.append((pname, positional.index(pname) if pname in positional else None, mode))
         self._slots = tuple(slots)
-        self.run = forward
+        self.run: Callable[..., Any] = forward
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"OpDef({self.name!r}, category={self.category!r}, kind={self.kind!r}, inputs={self.inputs})"
 
 
-def primitive(name, category=None, *, kind, inputs=None, differentiable=True, resolve=None):
+def primitive(
+    name: str,
+    category: str | None = None,
+    *,
+    kind: str,
+    inputs: tuple[str, ...] | list[str] | None = None,
+    differentiable: bool = True,
+    resolve: Callable[..., Any] | None = None,
+) -> Callable[[Callable[_P, _R]], Callable[_P, _R]]:
     """Register the decorated function as the primitive op ``name``.
 
     Args:
@@ -240,7 +274,7 @@ def primitive(name, category=None, *, kind, inputs=None, differentiable=True, re
     if category not in (None, LOW_PRECISION, FLOAT32):
         raise ValueError(f"primitive {name!r}: unknown category {category!r}")
 
-    def register(forward):
+    def register(forward: Callable[_P, _R]) -> Callable[_P, _R]:
         if name in OPS:
             raise ValueError(f"primitive {name!r} is already registered by {OPS[name].forward.__module__}")
         operands = inputs if inputs is not None else (next(iter(inspect.signature(forward).parameters)),)
@@ -252,7 +286,7 @@ def primitive(name, category=None, *, kind, inputs=None, differentiable=True, re
         if category is None:
 
             @functools.wraps(forward)
-            def function(*args, **kwargs):
+            def function(*args: Any, **kwargs: Any) -> Any:
                 tracer = _tracer.get()
                 if tracer is None:
                     return run(*args, **kwargs)
@@ -260,7 +294,7 @@ def primitive(name, category=None, *, kind, inputs=None, differentiable=True, re
         else:
 
             @functools.wraps(forward)
-            def function(*args, **kwargs):
+            def function(*args: Any, **kwargs: Any) -> Any:
                 tracer = _tracer.get()
                 if tracer is None:
                     policy = _policy.get()
@@ -270,10 +304,10 @@ def primitive(name, category=None, *, kind, inputs=None, differentiable=True, re
                     return run(*args, **kwargs)
                 return _traced(op, tracer, args, kwargs)
 
-        function.op = op
+        function.op = op  # type: ignore[attr-defined]  # the OpDef, reachable from the public function
         op.function = function
         OPS[name] = op
-        return function
+        return function  # functools.wraps keeps forward's signature
 
     return register
 

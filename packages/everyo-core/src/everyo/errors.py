@@ -29,7 +29,7 @@ class EveryOIndexError(EveryOError, IndexError):
 class EveryOStateDictError(EveryOError, KeyError):
     """A state dict has missing, unexpected or mis-shaped entries."""
 
-    def __str__(self):  # KeyError would otherwise repr() the message
+    def __str__(self) -> str:  # KeyError would otherwise repr() the message
         return str(self.args[0]) if self.args else ""
 
 

@@ -19,9 +19,16 @@ A generator's state is stored as a ``uint64`` array (see :func:`generator_state`
 so it fits in a ``state_dict`` and in ``eo.save`` checkpoints.
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from everyo.errors import EveryOStateDictError
+
+if TYPE_CHECKING:
+    from numpy.typing import ArrayLike, NDArray
 
 __all__ = [
     "manual_seed",
@@ -40,10 +47,10 @@ _MASK64 = (1 << 64) - 1
 _PCG_WORDS = 6
 _PCG_KINDS = ("PCG64", "PCG64DXSM")
 
-_global = None
+_global: np.random.Generator | None = None
 
 
-def default_generator():
+def default_generator() -> np.random.Generator:
     """The process-wide generator that unseeded draws come from."""
     global _global
     if _global is None:
@@ -51,7 +58,7 @@ def default_generator():
     return _global
 
 
-def manual_seed(n):
+def manual_seed(n: int) -> np.random.Generator:
     """Seed the global generator: every later default initialisation, Dropout
     mask and DataLoader shuffle (of objects built without ``seed=``) is
     reproducible. Returns the global generator.
@@ -70,7 +77,7 @@ def manual_seed(n):
     return _global
 
 
-def generator_for(seed=None):
+def generator_for(seed: int | np.random.Generator | None = None) -> np.random.Generator:
     """A generator for one layer, loader or call.
 
     With ``seed`` given: ``numpy.random.default_rng(seed)``, as in 0.1. Without:
@@ -82,7 +89,7 @@ def generator_for(seed=None):
     return np.random.default_rng(int(default_generator().integers(2**63)))
 
 
-def generator_state(rng, what="generator"):
+def generator_state(rng: np.random.Generator, what: str = "generator") -> NDArray[np.uint64]:
     """The state of ``rng`` (a PCG64 ``numpy.random.Generator``) as a uint64 array of 6 words."""
     bits = rng.bit_generator
     state = bits.state
@@ -96,7 +103,7 @@ def generator_state(rng, what="generator"):
     return np.array(words, dtype=np.uint64)
 
 
-def check_generator_state(array, what="generator"):
+def check_generator_state(array: ArrayLike, what: str = "generator") -> NDArray[np.uint64]:
     """Validate a saved state (from :func:`generator_state`); returns it as a uint64 array."""
     arr = np.asarray(array)
     if arr.shape != (_PCG_WORDS,) or arr.dtype != np.uint64:
@@ -109,7 +116,7 @@ def check_generator_state(array, what="generator"):
     return arr
 
 
-def set_generator_state(rng, array, what="generator"):
+def set_generator_state(rng: np.random.Generator, array: ArrayLike, what: str = "generator") -> np.random.Generator:
     """Restore ``rng`` to a state saved by :func:`generator_state` (validated first)."""
     arr = check_generator_state(array, what)
     words = [int(w) for w in arr]
@@ -122,11 +129,11 @@ def set_generator_state(rng, array, what="generator"):
     return rng
 
 
-def get_rng_state():
+def get_rng_state() -> NDArray[np.uint64]:
     """The global generator's state, a uint64 array (save it with ``eo.save``)."""
     return generator_state(default_generator(), "eo.get_rng_state")
 
 
-def set_rng_state(state):
+def set_rng_state(state: ArrayLike) -> None:
     """Restore the global generator from :func:`get_rng_state`'s array."""
     set_generator_state(default_generator(), state, "eo.set_rng_state")

@@ -5,14 +5,22 @@ matmul) and :mod:`everyo.conv` (convolution, pooling); they are attached to
 ``Tensor`` as methods and operators there, so this file stays about state.
 """
 
+from __future__ import annotations
+
 import operator
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from everyo import autograd, dispatch
 from everyo.errors import EveryOInPlaceError
-from everyo.random import generator_for
 from everyo.half import is_bfloat16
+from everyo.random import generator_for
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
+
+    from everyo._typing import Array, Axis, DType, TensorLike
 
 _FLOAT_DEFAULT = np.float32
 
@@ -51,21 +59,93 @@ class Tensor:
     # identity: tensors remain usable as dict keys and set members.
     __hash__ = object.__hash__
 
-    def __init__(self, data, requires_grad=False, dtype=None):
-        self._data = _to_array(data, dtype)
+    def __init__(self, data: TensorLike, requires_grad: bool = False, dtype: DType | None = None) -> None:
+        self._data: Array = _to_array(data, dtype)
         self._version = 0
         if requires_grad and not (np.issubdtype(self.data.dtype, np.floating) or is_bfloat16(self.data.dtype)):
             raise TypeError(f"only floating-point tensors can require grad, got {self.data.dtype}")
-        self.grad = None
+        self.grad: Array | None = None
         self.requires_grad = bool(requires_grad)
-        self._parents = ()
-        self._backward = None
+        self._parents: tuple[Tensor, ...] = ()
+        self._backward: Callable[..., Any] | None = None
+        self._saved_at: int = 0
         self._retain = False
-        self._hooks = self._post_hooks = ()
+        self._hooks: list[Callable[..., Any]] | tuple[()] = ()
+        self._post_hooks: list[Callable[..., Any]] | tuple[()] = ()
+
+    if TYPE_CHECKING:
+        # The ops attached as methods and operators by everyo.functional,
+        # elementwise, reductions, shape_ops, indexing, sorting and
+        # comparisons, declared here for type checkers (at run time the
+        # functions themselves are the methods).
+        @property
+        def T(self) -> Tensor: ...
+        def __add__(self, other: TensorLike) -> Tensor: ...
+        def __radd__(self, other: TensorLike) -> Tensor: ...
+        def __sub__(self, other: TensorLike) -> Tensor: ...
+        def __rsub__(self, other: TensorLike) -> Tensor: ...
+        def __mul__(self, other: TensorLike) -> Tensor: ...
+        def __rmul__(self, other: TensorLike) -> Tensor: ...
+        def __truediv__(self, other: TensorLike) -> Tensor: ...
+        def __rtruediv__(self, other: TensorLike) -> Tensor: ...
+        def __matmul__(self, other: TensorLike) -> Tensor: ...
+        def __rmatmul__(self, other: TensorLike) -> Tensor: ...
+        def __pow__(self, exponent: TensorLike) -> Tensor: ...
+        def __rpow__(self, other: TensorLike) -> Tensor: ...
+        def __neg__(self) -> Tensor: ...
+        def __getitem__(self, index: Any) -> Tensor: ...
+        # Comparisons are elementwise and return boolean Tensors (as NumPy's do).
+        def __eq__(self, other: object) -> Tensor: ...  # type: ignore[override]
+        def __ne__(self, other: object) -> Tensor: ...  # type: ignore[override]
+        def __lt__(self, other: TensorLike) -> Tensor: ...
+        def __le__(self, other: TensorLike) -> Tensor: ...
+        def __gt__(self, other: TensorLike) -> Tensor: ...
+        def __ge__(self, other: TensorLike) -> Tensor: ...
+        def abs(self) -> Tensor: ...
+        def exp(self) -> Tensor: ...
+        def log(self) -> Tensor: ...
+        def sqrt(self) -> Tensor: ...
+        def sin(self) -> Tensor: ...
+        def cos(self) -> Tensor: ...
+        def tanh(self) -> Tensor: ...
+        def sigmoid(self) -> Tensor: ...
+        def relu(self) -> Tensor: ...
+        def clone(self) -> Tensor: ...
+        def astype(self, dtype: DType) -> Tensor: ...
+        def clip(self, min: TensorLike | None = None, max: TensorLike | None = None) -> Tensor: ...
+        def maximum(self, b: TensorLike) -> Tensor: ...
+        def minimum(self, b: TensorLike) -> Tensor: ...
+        def matmul(self, b: TensorLike) -> Tensor: ...
+        def sum(self, axis: Axis = None, keepdims: bool = False) -> Tensor: ...
+        def mean(self, axis: Axis = None, keepdims: bool = False) -> Tensor: ...
+        def max(self, axis: Axis = None, keepdims: bool = False) -> Tensor: ...
+        def min(self, axis: Axis = None, keepdims: bool = False) -> Tensor: ...
+        def prod(self, axis: Axis = None, keepdims: bool = False) -> Tensor: ...
+        def logsumexp(self, axis: Axis = None, keepdims: bool = False) -> Tensor: ...
+        def var(self, axis: Axis = None, keepdims: bool = False, ddof: int = 0) -> Tensor: ...
+        def std(self, axis: Axis = None, keepdims: bool = False, ddof: int = 0) -> Tensor: ...
+        def norm(self, ord: float | str | None = 2, axis: Axis = None, keepdims: bool = False) -> Tensor: ...
+        def argmax(self, axis: int | None = None, keepdims: bool = False) -> Tensor: ...
+        def argmin(self, axis: int | None = None, keepdims: bool = False) -> Tensor: ...
+        def cumsum(self, axis: int | None = None) -> Tensor: ...
+        def softmax(self, axis: int = -1, blocked: bool | None = None) -> Tensor: ...
+        def log_softmax(self, axis: int = -1) -> Tensor: ...
+        def sort(self, axis: int = -1, descending: bool = False) -> tuple[Tensor, Tensor]: ...
+        def topk(self, k: int, axis: int = -1, largest: bool = True, sorted: bool = True) -> tuple[Tensor, Tensor]: ...
+        def reshape(self, *shape: int | Sequence[int]) -> Tensor: ...
+        def transpose(self, *axes: int | Sequence[int]) -> Tensor: ...
+        def flatten(self, start_axis: int = 1) -> Tensor: ...
+        def squeeze(self, axis: Axis = None) -> Tensor: ...
+        def expand_dims(self, axis: Axis) -> Tensor: ...
+        def unsqueeze(self, axis: Axis) -> Tensor: ...
+        def moveaxis(self, source: int | Sequence[int], destination: int | Sequence[int]) -> Tensor: ...
+        def gather(self, axis: int, index: TensorLike) -> Tensor: ...
+        def take_along_axis(self, indices: TensorLike, axis: int | None) -> Tensor: ...
+        def masked_fill(self, mask: TensorLike, value: float) -> Tensor: ...
 
     # --- construction from an op ---------------------------------------
     @staticmethod
-    def _from_op(data, parents, backward):
+    def _from_op(data: Array, parents: tuple[Tensor, ...], backward: Callable[..., Any] | None) -> Tensor:
         """Wrap an op's output; record the graph only when a parent needs it."""
         out = Tensor.__new__(Tensor)
         out._data = data
@@ -87,7 +167,7 @@ class Tensor:
         return out
 
     # --- properties ----------------------------------------------------
-    def _set_data(self, value):
+    def _set_data(self, value: Array) -> None:
         self._data = value
         autograd.bump_version(self)
 
@@ -101,73 +181,78 @@ class Tensor:
     )
 
     @property
-    def dtype(self):
+    def dtype(self) -> np.dtype[Any]:
         """The ``numpy.dtype`` of the values. It compares equal to its name
         and to the scalar type: ``t.dtype == 'float32'`` and
         ``t.dtype == np.float32`` both hold; ``str(t.dtype)`` is the name."""
         return self.data.dtype
 
     @property
-    def shape(self):
+    def shape(self) -> tuple[int, ...]:
+        """The shape of the values, a tuple of ints."""
         return self.data.shape
 
     @property
-    def ndim(self):
+    def ndim(self) -> int:
+        """The number of axes."""
         return self.data.ndim
 
     @property
-    def size(self):
+    def size(self) -> int:
+        """The number of elements."""
         return self.data.size
 
     @property
-    def is_leaf(self):
+    def is_leaf(self) -> bool:
+        """Whether this tensor was made by the user (or by an op outside the graph), not recorded from an op."""
         return self._backward is None
 
-    def __len__(self):
+    def __len__(self) -> int:
         return len(self.data)
 
-    def numpy(self):
+    def numpy(self) -> Array:
+        """The values as an ndarray (the same memory, not a copy)."""
         return self.data
 
     # --- Python values ---------------------------------------------------
     # Each conversion tells an active tracer first (dispatch.python_value):
     # a traced graph cannot follow a value into Python control flow.
-    def item(self):
+    def item(self) -> Any:
         """The value of a one-element tensor as a Python number."""
         dispatch.python_value(self, "item")
         return self.data.item()
 
-    def tolist(self):
+    def tolist(self) -> Any:
         """The values as (nested) Python lists of Python numbers."""
         dispatch.python_value(self, "tolist")
         return self.data.tolist()
 
-    def __bool__(self):
+    def __bool__(self) -> bool:
         dispatch.python_value(self, "bool")
         return bool(self.data)  # NumPy's ambiguity error for more than one element
 
-    def __int__(self):
+    def __int__(self) -> int:
         dispatch.python_value(self, "int")
         return int(self.data)
 
-    def __float__(self):
+    def __float__(self) -> float:
         dispatch.python_value(self, "float")
         return float(self.data)
 
-    def __index__(self):
+    def __index__(self) -> int:
         dispatch.python_value(self, "index")
         return self.data.__index__()  # integer tensors with one element only, as NumPy
 
-    def __array__(self, dtype=None, copy=None):
+    def __array__(self, dtype: DType | None = None, copy: bool | None = None) -> Array:
         return self.data if dtype is None else self.data.astype(dtype)
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         body = np.array2string(self.data, separator=", ", prefix="tensor(")
         extra = ", requires_grad=True" if self.requires_grad else ""
         return f"tensor({body}, dtype={self.dtype}{extra})"
 
     # --- autograd ------------------------------------------------------
-    def backward(self, grad=None, retain_graph=False):
+    def backward(self, grad: TensorLike | None = None, retain_graph: bool = False) -> None:
         """Accumulate d(self)/d(leaf) into every leaf's ``.grad``.
 
         Args:
@@ -177,38 +262,38 @@ class Tensor:
         """
         autograd.backward(self, grad, retain_graph)
 
-    def register_hook(self, fn):
+    def register_hook(self, fn: Callable[[Array], Array | None]) -> autograd.RemovableHandle:
         """Call ``fn(grad)`` with this tensor's gradient (an ndarray) each time a
         backward pass has computed it; a return value other than None replaces
         the gradient. Returns a handle whose ``remove()`` unregisters ``fn``."""
         if not self.requires_grad:
             raise RuntimeError("register_hook: this tensor does not require grad, so it never gets a gradient")
         if not self._hooks:
-            self._hooks = []
+            self._hooks = []  # () until the first hook
         self._hooks.append(fn)
         return autograd.RemovableHandle(self._hooks, fn)
 
-    def register_post_accumulate_grad_hook(self, fn):
+    def register_post_accumulate_grad_hook(self, fn: Callable[[Tensor], None]) -> autograd.RemovableHandle:
         """Call ``fn(tensor)`` once this leaf's ``.grad`` holds everything the
         current backward pass adds to it (a data-parallel wrapper starts its
         all-reduce there). Returns a handle whose ``remove()`` unregisters ``fn``."""
         if not self.requires_grad or not self.is_leaf:
             raise RuntimeError("register_post_accumulate_grad_hook: only leaves that require grad accumulate a .grad")
         if not self._post_hooks:
-            self._post_hooks = []
+            self._post_hooks = []  # () until the first hook
         self._post_hooks.append(fn)
         return autograd.RemovableHandle(self._post_hooks, fn)
 
-    def retain_grad(self):
+    def retain_grad(self) -> Tensor:
         """Keep this non-leaf tensor's gradient in ``.grad`` after backward()."""
         self._retain = True
         return self
 
-    def detach(self):
+    def detach(self) -> Tensor:
         """The same values (sharing memory) outside the graph: no gradient flows through it."""
         return Tensor(self.data)
 
-    def requires_grad_(self, requires_grad=True):
+    def requires_grad_(self, requires_grad: bool = True) -> Tensor:
         """Switch gradient recording for this leaf on or off, in place; returns ``self``."""
         if not self.is_leaf:
             raise RuntimeError(
@@ -220,11 +305,12 @@ class Tensor:
         self.requires_grad = bool(requires_grad)
         return self
 
-    def zero_grad(self):
+    def zero_grad(self) -> None:
+        """Drop the accumulated gradient (``.grad`` becomes None)."""
         self.grad = None
 
     # --- in-place changes (not differentiable; each bumps the version) --------
-    def _inplace(self, method, change):
+    def _inplace(self, method: str, change: Callable[[Array], object]) -> Tensor:
         if self.requires_grad and autograd.is_grad_enabled():
             raise EveryOInPlaceError(
                 f"Tensor.{method}: this tensor (shape {self.shape}, {self.dtype}) requires grad, and in-place "
@@ -235,28 +321,28 @@ class Tensor:
         autograd.bump_version(self)
         return self
 
-    def add_(self, other, alpha=1):
+    def add_(self, other: TensorLike, alpha: float = 1) -> Tensor:
         """``self += alpha * other`` in place; returns ``self``."""
         other = other.data if isinstance(other, Tensor) else other
         return self._inplace(
             "add_", lambda a: np.add(a, other if alpha == 1 else alpha * np.asarray(other), out=a, casting="same_kind")
         )
 
-    def mul_(self, other):
+    def mul_(self, other: TensorLike) -> Tensor:
         """``self *= other`` in place; returns ``self``."""
         other = other.data if isinstance(other, Tensor) else other
         return self._inplace("mul_", lambda a: np.multiply(a, other, out=a, casting="same_kind"))
 
-    def copy_(self, src):
+    def copy_(self, src: TensorLike) -> Tensor:
         """Copy ``src``'s values (broadcast to this shape, cast to this dtype) into this tensor."""
         src = src.data if isinstance(src, Tensor) else src
         return self._inplace("copy_", lambda a: np.copyto(a, src, casting="unsafe"))
 
-    def fill_(self, value):
+    def fill_(self, value: float) -> Tensor:
         """Set every element to ``value``; returns ``self``."""
         return self._inplace("fill_", lambda a: a.fill(value))
 
-    def zero_(self):
+    def zero_(self) -> Tensor:
         """Set every element to 0; returns ``self``."""
         return self.fill_(0)
 
@@ -266,14 +352,14 @@ class Parameter(Tensor):
 
     __slots__ = ()
 
-    def __init__(self, data, dtype=None):
+    def __init__(self, data: TensorLike, dtype: DType | None = None) -> None:
         super().__init__(data, requires_grad=True, dtype=dtype)
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return "Parameter(" + super().__repr__() + ")"
 
 
-def _to_array(data, dtype=None):
+def _to_array(data: TensorLike, dtype: DType | None = None) -> Array:
     if isinstance(data, Tensor):
         data = data.data
     if isinstance(data, np.ndarray):
@@ -287,33 +373,38 @@ def _to_array(data, dtype=None):
     return arr
 
 
-def tensor(data, dtype=None, requires_grad=False):
+def tensor(data: TensorLike, dtype: DType | None = None, requires_grad: bool = False) -> Tensor:
     """Create a Tensor. NumPy arrays keep their dtype unless ``dtype`` is given."""
     return Tensor(data, requires_grad=requires_grad, dtype=dtype)
 
 
-def _shape(shape):
+def _shape(shape: tuple[Any, ...]) -> tuple[int, ...]:
     if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
         return tuple(shape[0])
     return tuple(shape)
 
 
-def ones(*shape, dtype="float32", requires_grad=False):
+def ones(*shape: int | Sequence[int], dtype: DType = "float32", requires_grad: bool = False) -> Tensor:
     """A Tensor of ones of ``shape`` (ints or one tuple)."""
     return Tensor(np.ones(_shape(shape), dtype=dtype), requires_grad=requires_grad)
 
 
-def zeros(*shape, dtype="float32", requires_grad=False):
+def zeros(*shape: int | Sequence[int], dtype: DType = "float32", requires_grad: bool = False) -> Tensor:
     """A Tensor of zeros of ``shape`` (ints or one tuple)."""
     return Tensor(np.zeros(_shape(shape), dtype=dtype), requires_grad=requires_grad)
 
 
-def randn(*shape, seed=None, dtype="float32", requires_grad=False):
+def randn(
+    *shape: int | Sequence[int],
+    seed: int | np.random.Generator | None = None,
+    dtype: DType = "float32",
+    requires_grad: bool = False,
+) -> Tensor:
     """Standard-normal samples; ``seed=`` (or ``eo.manual_seed``) makes them reproducible."""
     rng = generator_for(seed)
     return Tensor(rng.standard_normal(_shape(shape)).astype(dtype), requires_grad=requires_grad)
 
 
-def arange(*args, dtype=None):
+def arange(*args: float, dtype: DType | None = None) -> Tensor:
     """``np.arange(*args, dtype=dtype)`` as a Tensor (no gradient)."""
     return Tensor(np.arange(*args, dtype=dtype))

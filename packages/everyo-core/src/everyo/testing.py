@@ -6,17 +6,40 @@ central finite differences computed in float64. The output is contracted
 with a fixed random weight, so every element of the Jacobian contributes.
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
 import numpy as np
 
 from everyo.autograd import no_grad
 from everyo.tensor import Tensor
+
+if TYPE_CHECKING:
+    import types
+    from collections.abc import Callable, Iterable, Sequence
+
+    from numpy.typing import ArrayLike
+
+    from everyo._typing import Array
+    from everyo.nn.module import Module
 
 
 def _contract(out, weight):
     return float(np.sum(out.data.astype(np.float64) * weight))
 
 
-def check_gradients(fn, inputs, params=(), *, eps=1e-6, atol=1e-6, rtol=1e-5, seed=0, name=None):
+def check_gradients(
+    fn: Callable[..., Tensor | Sequence[Tensor]],
+    inputs: Sequence[ArrayLike],
+    params: Iterable[Tensor] = (),
+    *,
+    eps: float = 1e-6,
+    atol: float = 1e-6,
+    rtol: float = 1e-5,
+    seed: int = 0,
+    name: str | None = None,
+) -> list[Array]:
     """Assert that autograd's gradients of ``fn`` match central differences.
 
     Args:
@@ -45,10 +68,12 @@ def check_gradients(fn, inputs, params=(), *, eps=1e-6, atol=1e-6, rtol=1e-5, se
     outputs = outputs if isinstance(outputs, (tuple, list)) else (outputs,)
     rng = np.random.default_rng(seed)
     weights = [rng.standard_normal(o.data.shape) for o in outputs]
-    total = None
+    total: Tensor | None = None
     for o, w in zip(outputs, weights):
         term = (o * Tensor(w)).sum()
         total = term if total is None else total + term
+    if total is None:
+        raise ValueError(f"check_gradients({label}): fn returned no outputs")
     total.backward()
 
     def value():
@@ -82,7 +107,9 @@ def check_gradients(fn, inputs, params=(), *, eps=1e-6, atol=1e-6, rtol=1e-5, se
     return analytic
 
 
-def check_module_gradients(module, *inputs, loss=None, **kwargs):
+def check_module_gradients(
+    module: Module, *inputs: ArrayLike, loss: Callable[[Any], Tensor] | None = None, **kwargs: Any
+) -> list[Array]:
     """Check gradients of a layer w.r.t. its floating inputs and all its parameters (float64)."""
     module.to("float64")
     params = module.parameters()
@@ -94,7 +121,7 @@ def check_module_gradients(module, *inputs, loss=None, **kwargs):
     return check_gradients(fn, inputs, params, name=type(module).__name__, **kwargs)
 
 
-def run_docstring_examples(package, *, skip=()):
+def run_docstring_examples(package: str, *, skip: Sequence[str] = ()) -> tuple[int, list[str]]:
     """Run every ``>>>`` example in the docstrings of ``package``'s modules.
 
     Each package's test cell calls this for its own modules (``"everyo"`` for
@@ -129,7 +156,7 @@ def run_docstring_examples(package, *, skip=()):
         module = importlib.import_module(name)
         for test in finder.find(module, name, globs={"eo": everyo, "np": np}):
             runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
-            report = []
+            report: list[str] = []
             result = runner.run(test, out=report.append)
             attempted += result.attempted
             if result.failed:
@@ -147,7 +174,7 @@ _PUBLIC_DUNDERS = frozenset(
 )
 
 
-def _signature_gaps(qualname, fn, *, is_method):
+def _signature_gaps(qualname: str, fn: Callable[..., Any], *, is_method: bool) -> list[str]:
     import inspect
 
     try:
@@ -166,7 +193,7 @@ def _signature_gaps(qualname, fn, *, is_method):
     return gaps
 
 
-def unannotated_public_api(module, names=None):
+def unannotated_public_api(module: types.ModuleType, names: Iterable[str] | None = None) -> list[str]:
     """List the gaps in the type annotations of a module's public API.
 
     The public API is every name in ``names`` (default: the module's
@@ -192,11 +219,11 @@ def unannotated_public_api(module, names=None):
     if names is None:  # no __all__: the public names this module itself defines
         names = [
             n
-            for n in dir(module)
-            if not n.startswith("_") and getattr(getattr(module, n), "__module__", None) == module.__name__
+            for n, v in vars(module).items()
+            if not n.startswith("_") and getattr(v, "__module__", None) == module.__name__
         ]
-    gaps = []
-    seen = set()
+    gaps: list[str] = []
+    seen: set[int] = set()
     for name in names:
         try:
             obj = getattr(module, name)

@@ -23,12 +23,25 @@ Because the policy lives in a ``contextvars.ContextVar``, autocast is local to
 a thread and to a context: turning it on in one thread never changes another.
 """
 
+from __future__ import annotations
+
 import functools
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import numpy as np
 
 from everyo import dispatch
 from everyo.half import is_low_precision
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
+    from contextvars import Token
+    from types import TracebackType
+
+    from everyo._typing import DType
+    from everyo.tensor import Tensor
+
+    _F = TypeVar("_F", bound=Callable[..., Any])
 
 __all__ = ["autocast", "is_autocast_enabled", "get_autocast_dtype", "Float16Policy"]
 
@@ -45,17 +58,17 @@ class Float16Policy:
             ml_dtypes' bfloat16.
     """
 
-    def __init__(self, dtype=_FLOAT16):
+    def __init__(self, dtype: DType = _FLOAT16) -> None:
         self.dtype = np.dtype(dtype)
 
-    def cast_inputs(self, category, tensors):
+    def cast_inputs(self, category: str | None, tensors: Sequence[Tensor]) -> Sequence[Tensor]:
         if category == dispatch.LOW_PRECISION:
             return tuple(_cast_floating(t, self.dtype) for t in tensors)
         if category == dispatch.FLOAT32:
             return tuple(t.astype(_FLOAT32) if is_low_precision(t.data.dtype) else t for t in tensors)
         return tensors  # a category this version does not know: leave it alone
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"Float16Policy(dtype={self.dtype.name!r})"
 
 
@@ -66,7 +79,7 @@ def _cast_floating(t, dtype):
     return t
 
 
-_POLICIES = {}
+_POLICIES: dict[str, Float16Policy] = {}
 
 
 def _policy_for(name):
@@ -92,12 +105,12 @@ def _dtype_name(dtype):
     return name
 
 
-def is_autocast_enabled():
+def is_autocast_enabled() -> bool:
     """Whether matmul/conv2d run in a 16-bit type here (in this thread and context)."""
     return isinstance(dispatch.get_policy(), Float16Policy)
 
 
-def get_autocast_dtype():
+def get_autocast_dtype() -> np.dtype[Any] | None:
     """The 16-bit dtype autocast uses here, or ``None`` outside autocast."""
     policy = dispatch.get_policy()
     return policy.dtype if isinstance(policy, Float16Policy) else None
@@ -128,7 +141,7 @@ class autocast:
         dtype(bfloat16)
     """
 
-    def __init__(self, enabled=True, dtype="float16"):
+    def __init__(self, enabled: bool = True, dtype: DType = "float16") -> None:
         if not isinstance(enabled, (bool, np.bool_)):
             raise TypeError(f"autocast(enabled=...) takes a bool, got {type(enabled).__name__} {enabled!r}")
         self.enabled = bool(enabled)
@@ -136,25 +149,27 @@ class autocast:
         self._policy = _policy_for(self.dtype) if self.enabled else None
         # A stack, not one token: the same object may be entered again while
         # it is active (e.g. a decorated function calling itself).
-        self._tokens = []
+        self._tokens: list[Token[Any]] = []
 
-    def __enter__(self):
+    def __enter__(self) -> autocast:
         self._tokens.append(dispatch.set_policy(self._policy))
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> Literal[False]:
         dispatch.reset_policy(self._tokens.pop())
         return False
 
-    def __call__(self, fn):
+    def __call__(self, fn: _F) -> _F:
         enabled, dtype = self.enabled, self.dtype
 
         @functools.wraps(fn)
-        def wrapper(*args, **kwargs):
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
             with autocast(enabled, dtype):
                 return fn(*args, **kwargs)
 
-        return wrapper
+        return wrapper  # type: ignore[return-value]  # functools.wraps keeps fn's signature
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"autocast(enabled={self.enabled}, dtype={self.dtype!r})"

@@ -15,14 +15,20 @@ falling and a ``RuntimeWarning`` says so; a long run of skipped steps warns
 as well (``warn_after_skips``).
 """
 
+from __future__ import annotations
+
 import math
 import numbers
 import warnings
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from everyo.errors import EveryODTypeError, EveryOStateDictError
 from everyo.tensor import Tensor
+
+if TYPE_CHECKING:
+    from everyo.optim.optimizer import Optimizer
 
 __all__ = ["GradScaler"]
 
@@ -92,15 +98,15 @@ class GradScaler:
 
     def __init__(
         self,
-        init_scale=2.0**16,
-        growth_factor=2.0,
-        backoff_factor=0.5,
-        growth_interval=2000,
-        enabled=True,
+        init_scale: float = 2.0**16,
+        growth_factor: float = 2.0,
+        backoff_factor: float = 0.5,
+        growth_interval: int = 2000,
+        enabled: bool = True,
         *,
-        min_scale=_DEFAULT_MIN_SCALE,
-        warn_after_skips=100,
-    ):
+        min_scale: float = _DEFAULT_MIN_SCALE,
+        warn_after_skips: int = 100,
+    ) -> None:
         self._enabled = bool(enabled)
         self._check_hyper("GradScaler", init_scale, growth_factor, backoff_factor, growth_interval, min_scale)
         if _integer("GradScaler: warn_after_skips", warn_after_skips) < 1:
@@ -114,10 +120,10 @@ class GradScaler:
         self._growth_tracker = 0
         self._skipped_in_a_row = 0
         self._floor_warned = False
-        self._per_optimizer = {}  # id(optimizer) -> {"stage": ..., "found_inf": bool}
+        self._per_optimizer: dict[int, dict[str, Any]] = {}  # id(optimizer) -> {"stage": ..., "found_inf": bool}
 
     # --- the loss ---------------------------------------------------------
-    def scale(self, loss):
+    def scale(self, loss: Tensor) -> Tensor:
         """``loss * scale``, computed in float32 (a float16 loss times 65536 would overflow)."""
         if not isinstance(loss, Tensor):
             raise TypeError(f"GradScaler.scale expects an everyo Tensor (the loss), got {type(loss).__name__}")
@@ -127,7 +133,7 @@ class GradScaler:
             loss = loss.astype("float32")
         return loss * self._scale
 
-    def backward(self, loss):
+    def backward(self, loss: Tensor) -> None:
         """``scale(loss).backward()`` with NumPy's overflow warnings silenced.
 
         An overflow here is the signal :meth:`step` acts on, not something to
@@ -138,7 +144,7 @@ class GradScaler:
             scaled.backward()
 
     # --- the gradients ----------------------------------------------------
-    def unscale_(self, optimizer):
+    def unscale_(self, optimizer: Optimizer) -> None:
         """Divide ``optimizer``'s gradients by the scale, in place, and note any inf/NaN.
 
         Call it before clipping gradients (``eo.clip_grad_norm``) so the clip
@@ -177,7 +183,7 @@ class GradScaler:
                     found_inf = True
         state["stage"], state["found_inf"] = _UNSCALED, found_inf
 
-    def step(self, optimizer):
+    def step(self, optimizer: Optimizer) -> bool:
         """Unscale (unless :meth:`unscale_` already did), then step unless a gradient is inf/NaN.
 
         Returns ``True`` when ``optimizer.step()`` ran, ``False`` when the step
@@ -198,7 +204,7 @@ class GradScaler:
         optimizer.step()
         return True
 
-    def update(self, new_scale=None):
+    def update(self, new_scale: float | None = None) -> None:
         """End the iteration: back off on inf/NaN, grow after ``growth_interval`` clean steps.
 
         ``new_scale`` sets the scale directly instead.
@@ -253,24 +259,24 @@ class GradScaler:
             )
 
     # --- inspection and checkpoints ---------------------------------------
-    def get_scale(self):
+    def get_scale(self) -> float:
         """The current scale as a Python float (1.0 when disabled)."""
         return self._scale if self._enabled else 1.0
 
     @property
-    def growth_tracker(self):
+    def growth_tracker(self) -> int:
         """Clean steps in a row since the scale last changed."""
         return self._growth_tracker
 
     @property
-    def skipped_in_a_row(self):
+    def skipped_in_a_row(self) -> int:
         """Steps skipped in a row (inf/NaN gradients) up to the last :meth:`update`."""
         return self._skipped_in_a_row
 
-    def is_enabled(self):
+    def is_enabled(self) -> bool:
         return self._enabled
 
-    def state_dict(self):
+    def state_dict(self) -> dict[str, Any]:
         """Scale, factors and growth counter (empty when disabled); saves with ``eo.save``."""
         if not self._enabled:
             return {}
@@ -284,7 +290,7 @@ class GradScaler:
             "skipped_in_a_row": self._skipped_in_a_row,
         }
 
-    def load_state_dict(self, state_dict):
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Resume the scale search; the input is validated before anything changes."""
         if not self._enabled:
             raise RuntimeError("GradScaler.load_state_dict: this scaler is disabled (enabled=False)")

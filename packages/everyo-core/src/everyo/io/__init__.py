@@ -13,21 +13,27 @@ untrusted: it returns exactly what was saved or raises
 :class:`~everyo.errors.EveryOSerializationError` naming the file and the problem.
 """
 
-import os  # noqa: F401  (tests patch everyo.io.os.fsync / .replace to simulate failures)
+from __future__ import annotations
 
-from everyo.io.atomic import atomic_write
+import os  # noqa: F401  (tests patch everyo.io.os.fsync / .replace to simulate failures)
+from typing import TYPE_CHECKING
+
 from everyo.io import npz as _npz
 from everyo.io import safetensors_format as _safetensors
+from everyo.io.atomic import atomic_write
 from everyo.io.torch_weights import load_torch_state_dict
+
+if TYPE_CHECKING:
+    from typing import Any
 
 __all__ = ["save", "load", "atomic_write", "load_torch_state_dict"]
 
 
-def _is_safetensors(path):
+def _is_safetensors(path: str | os.PathLike[str]) -> bool:
     return os.fspath(path).lower().endswith(".safetensors")
 
 
-def save(state, path):
+def save(state: Any, path: str | os.PathLike[str]) -> None:
     """Save ``state`` to ``path`` atomically, without pickle.
 
     Args:
@@ -52,7 +58,7 @@ def save(state, path):
         _npz.write(state, path)
 
 
-def load(path):
+def load(path: str | os.PathLike[str]) -> Any:
     """Load a file written by :func:`save` (or any ``.safetensors`` file). Never unpickles.
 
     Returns exactly what was saved, with arrays as NumPy arrays (Tensors were

@@ -8,11 +8,18 @@ symlink to one) cannot be replaced that way without destroying it, so it is
 written through directly, exactly like ``open(path, "wb")``.
 """
 
+from __future__ import annotations
+
 import io
 import os
 import re
 import secrets
 import stat
+from typing import TYPE_CHECKING, cast
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import BinaryIO
 
 _TMP_INFIX = ".everyo-tmp-"
 
@@ -99,7 +106,7 @@ def _fsync_folder(folder):
         os.close(fd)
 
 
-def atomic_write(path, write):
+def atomic_write(path: str | os.PathLike[str], write: Callable[[BinaryIO], object]) -> None:
     """Call ``write(file)`` with a binary file object, then publish it at ``path``.
 
     For a regular file (or a new path): ``write`` fills a temporary file
@@ -132,7 +139,7 @@ def atomic_write(path, write):
         raise IsADirectoryError(f"cannot write {path!r}: it is a folder; give a file name inside it")
     if info is not None and not stat.S_ISREG(info.st_mode):
         with open(path, "wb") as f:
-            write(_StreamOnly(f))
+            write(cast("BinaryIO", _StreamOnly(f)))
         return
     target = os.path.realpath(path) if os.path.islink(path) else path
     folder = os.path.dirname(os.path.abspath(target))
@@ -143,10 +150,11 @@ def atomic_write(path, write):
     tmp = os.path.join(folder, _temporary_name(name))
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0)
     # A new file: the kernel applies the umask to 0o666, as open() would.
-    fd = os.open(tmp, flags, 0o666 if info is None else 0o600)
+    fd: int | None = os.open(tmp, flags, 0o666 if info is None else 0o600)
     try:
         if info is not None:
             _keep_mode_and_owner(fd, tmp, info)
+        assert fd is not None
         with os.fdopen(fd, "wb") as f:
             fd = None
             write(f)

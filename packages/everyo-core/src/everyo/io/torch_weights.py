@@ -20,7 +20,11 @@ LayerNorm, Embedding) is copied as it is; PyTorch's BatchNorm
 LSTM (i, f, g, o) and GRU (r, z, n) gate orders are PyTorch's already.
 """
 
+from __future__ import annotations
+
+import os
 from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -28,12 +32,15 @@ from everyo.errors import EveryOStateDictError
 from everyo.nn.module import key_problems
 from everyo.tensor import Tensor
 
+if TYPE_CHECKING:
+    from everyo.nn.module import Module
+
 _IGNORED_BUFFERS = ("num_batches_tracked",)
 
 
 def _layouts():
     # Imported here: everyo.nn imports this package's parents at start-up.
-    from everyo.nn import Conv2D, GRU, LSTM, Linear, MultiHeadAttention, RNN
+    from everyo.nn import GRU, LSTM, RNN, Conv2D, Linear, MultiHeadAttention
 
     def matrix(transpose):
         return lambda w: w.T if transpose and w.ndim == 2 else w
@@ -64,7 +71,13 @@ def _rule_for(module, name, rules):
     return None
 
 
-def load_torch_state_dict(module, path, *, transpose_linear=True, strict=True):
+def load_torch_state_dict(
+    module: Module,
+    path: str | os.PathLike[str] | Mapping[str, Any],
+    *,
+    transpose_linear: bool = True,
+    strict: bool = True,
+) -> Module:
     """Copy PyTorch-layout weights into ``module`` (converting layouts, see below).
 
     Args:
