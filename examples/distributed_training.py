@@ -180,7 +180,8 @@ def mpi_child(out_dir, steps, repeats, ddp):
     from everyo.distributed_mpi import init_mpi_process_group
 
     with init_mpi_process_group() as group:
-        weights, seconds, rows = worker(group, *make_data(), steps, repeats, ddp)
+        inputs, targets = make_data()
+        weights, seconds, rows = worker(group, inputs, targets, steps, repeats, ddp)
         np.savez(
             os.path.join(out_dir, f"rank{group.rank}.npz"),
             layers=len(weights),

@@ -101,7 +101,7 @@ def sequence_models():
     """
     source = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sequence.py")
     tree = ast.parse(open(source).read(), source)
-    keep = [
+    keep: list[ast.stmt] = [
         n
         for n in tree.body
         if isinstance(n, (ast.Import, ast.ImportFrom, ast.ClassDef))
@@ -111,7 +111,7 @@ def sequence_models():
             and isinstance(n.value, (ast.Constant, ast.Tuple))
         )
     ]
-    namespace = {}
+    namespace: dict[str, object] = {}
     exec(compile(ast.Module(body=keep, type_ignores=[]), source, "exec"), namespace)
     return namespace
 

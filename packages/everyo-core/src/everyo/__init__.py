@@ -143,10 +143,8 @@ __all__ += _indexing.__all__
 __all__ += _nn.__all__
 
 if _typing.TYPE_CHECKING:  # the add-ons' headline names, resolved lazily at run time (below)
-    from everyo import amp as _amp
-
-    GradScaler = _amp.GradScaler
-    autocast = _amp.autocast
+    from everyo.amp.autocast import autocast as autocast
+    from everyo.amp.grad_scaler import GradScaler as GradScaler
     from everyo.onnx import export_onnx as export_onnx
     from everyo.onnx import onnx_available as onnx_available
     from everyo.onnx import run_onnx as run_onnx

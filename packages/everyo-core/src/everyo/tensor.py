@@ -217,7 +217,7 @@ class Tensor:
     # --- Python values ---------------------------------------------------
     # Each conversion tells an active tracer first (dispatch.python_value):
     # a traced graph cannot follow a value into Python control flow.
-    def item(self) -> Any:
+    def item(self) -> int | float | bool:
         """The value of a one-element tensor as a Python number."""
         dispatch.python_value(self, "item")
         return self.data.item()
