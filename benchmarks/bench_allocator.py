@@ -12,7 +12,6 @@ so the two rows compare like with like.
 
 import json
 import os
-import statistics
 import subprocess
 import sys
 from pathlib import Path

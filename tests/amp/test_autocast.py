@@ -198,7 +198,7 @@ def test_decorator_and_reentry():
 def test_state_restored_after_an_exception():
     with pytest.raises(ZeroDivisionError):
         with eo.autocast():
-            1 / 0
+            _ = 1 / 0
     assert not is_autocast_enabled()
 
 

@@ -92,7 +92,7 @@ def replay(records, feeds):
         values = [None if t is None else env.get(id(t), t) for t in inputs]
         single = sum(1 for spec in op.inputs if not spec.startswith("*"))
         arguments, pos = {}, 0
-        for pname, param in op.signature.parameters.items():
+        for pname in op.signature.parameters:
             spec = next((s for s in op.inputs if s.lstrip("*") == pname), None)
             if spec is not None and spec.startswith("*"):
                 count = len(values) - single

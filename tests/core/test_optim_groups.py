@@ -154,9 +154,9 @@ def test_lr_attribute_reads_and_sets_every_group():
         opt.lr = "fast"
     opt.param_groups[1]["lr"] = 0.3
     with pytest.raises(AttributeError, match=r"param groups differ"):
-        opt.lr
+        _ = opt.lr
     with pytest.raises(AttributeError, match="no attribute 'betas'"):
-        opt.betas
+        _ = opt.betas
 
 
 @pytest.mark.parametrize("name", sorted(OPTIMIZERS))

@@ -76,7 +76,7 @@ def test_prod_with_zeros():
     x[2, 0] = x[2, 3] = 0.0  # two zeros in row 2
     np.testing.assert_allclose(eo.prod(t(x), axis=1).data, np.prod(x, axis=1))
     for axis in (None, 0, 1, (0, 1)):
-        check_gradients(lambda a: eo.prod(a, axis=axis), [x[:, :3] if axis is None else x])
+        check_gradients(lambda a, axis=axis: eo.prod(a, axis=axis), [x[:, :3] if axis is None else x])
     xt = t(x, grad=True)
     eo.prod(xt, axis=1).sum().backward()
     grad = xt.grad

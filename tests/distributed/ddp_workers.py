@@ -90,7 +90,7 @@ def train(group, kind, bucket_cap_mb=25, accumulate=False, amp=False, world=2):
                         loss = loss_of(model, x[picked], y[picked])
                     if group is not None and m == micro - 1 and step == 2 and rank == 1:
                         loss = loss * float("inf")  # one rank's gradients infinite: every rank must skip
-                    backward = lambda: scaler.scale(loss).backward()  # noqa: E731
+                    backward = lambda loss=loss: scaler.scale(loss).backward()  # noqa: E731
                 else:
                     loss = loss_of(model, x[picked], y[picked])
                     backward = loss.backward

@@ -105,7 +105,7 @@ def test_world_size_one():
 
 def test_the_server_forms_one_group_after_another():
     for _ in range(2):
-        results, errors, server = run_in_threads(2, lambda g: g.all_reduce_sum(np.array([g.rank + 1.0])))
+        results, errors, _server = run_in_threads(2, lambda g: g.all_reduce_sum(np.array([g.rank + 1.0])))
         assert errors == [None, None] and [r.tolist() for r in results] == [[3.0], [3.0]]
     with TCPRendezvousServer(port=0, world_size=2) as server:
         groups = [None, None]

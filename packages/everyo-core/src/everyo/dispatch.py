@@ -425,7 +425,7 @@ def _describe(op, args, kwargs):
     tensors = [t for t in flat if isinstance(t, Tensor)]
     like = next((t for t in tensors if t.data.dtype.kind == "f"), tensors[0] if tensors else None)
     inputs = []
-    for (pname, _, mode), value in zip(op._slots, given):
+    for (_pname, _, mode), value in zip(op._slots, given):
         if mode != "one":
             inputs.extend(_constant(v, like) for v in value)
         else:
