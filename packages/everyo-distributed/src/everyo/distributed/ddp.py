@@ -18,19 +18,29 @@ up, whichever order their gradients arrive in.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import hashlib
-import collections
 import threading
 import time
 import weakref
-from typing import List, Optional
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from everyo import autograd
 from everyo.errors import EveryODistributedError
 from everyo.nn.module import Module
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator, Sequence
+    from typing import TypeAlias
+
+    from everyo.distributed.protocol import ProcessGroup
+    from everyo.tensor import Tensor
+
+    #: A bucket to average: (the pass, bucket index, bucket, group).
+    _Job: TypeAlias = "tuple[_Pass, int, _Bucket, ProcessGroup]"
 
 __all__ = ["DistributedDataParallel"]
 
@@ -42,7 +52,7 @@ class _Bucket:
 
     __slots__ = ("params", "offsets", "size", "dtype")
 
-    def __init__(self, params, dtype):
+    def __init__(self, params: list[Tensor], dtype: np.dtype[Any]) -> None:
         self.params, self.dtype = params, dtype
         self.offsets, total = [], 0
         for p in params:
@@ -70,13 +80,13 @@ class _Bucket:
 class _Pass:
     """The communication state of one synchronized backward pass."""
 
-    def __init__(self, buckets):
+    def __init__(self, buckets: Sequence[_Bucket]) -> None:
         self.arrived = [0] * len(buckets)
-        self.seen = set()
+        self.seen: set[int] = set()
         self.launched = 0
         self.done = [threading.Event() for _ in buckets]
-        self.results: List[Optional[np.ndarray]] = [None] * len(buckets)
-        self.error: Optional[BaseException] = None
+        self.results: list[np.ndarray | None] = [None] * len(buckets)
+        self.error: BaseException | None = None
         self.seconds = 0.0  # the background thread's time on this pass's buckets
 
 
@@ -120,7 +130,9 @@ class DistributedDataParallel(Module):
         optimizer.step()
     """
 
-    def __init__(self, model: Module, group, *, bucket_cap_mb: float = 25, broadcast_buffers: bool = True):
+    def __init__(
+        self, model: Module, group: ProcessGroup, *, bucket_cap_mb: float = 25, broadcast_buffers: bool = True
+    ) -> None:
         super().__init__()
         if not isinstance(model, Module):
             raise TypeError(f"DistributedDataParallel: model must be an everyo Module, got {type(model).__name__}")
@@ -134,16 +146,16 @@ class DistributedDataParallel(Module):
         self._broadcast_state(params=True, buffers=self.broadcast_buffers)
         params = [p for p in model.parameters() if p.requires_grad]
         buckets = _make_buckets(list(reversed(params)), int(bucket_cap_mb * 2**20))
-        where = {}
+        where: dict[int, int] = {}
         for b, bucket in enumerate(buckets):
             for p in bucket.params:
                 where[id(p)] = b
         self._buckets = buckets
         self._where = where
         self._sync = True
-        self._pass = None
+        self._pass: _Pass | None = None
         self._jobs = _Jobs()
-        self._worker = None
+        self._worker: threading.Thread | None = None
         self._handles = [p.register_post_accumulate_grad_hook(self._on_grad_ready) for p in params]
         # Time the background thread spent on buckets (flatten + all-reduce), and the part of it backward() waited for
         # at its end (not hidden behind the rest of backward); benchmarks/bench_ddp.py prints both.
@@ -151,14 +163,14 @@ class DistributedDataParallel(Module):
         self.wait_seconds = 0.0
 
     # -- the public API -------------------------------------------------------------------------
-    def forward(self, *args, **kwargs):
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
         self._drain_stale_pass()
         if self.broadcast_buffers and self.training and self.module.buffers():
             self._broadcast_state(params=False, buffers=True)
         return self.module(*args, **kwargs)
 
     @contextlib.contextmanager
-    def no_sync(self):
+    def no_sync(self) -> Iterator[None]:
         """Inside, backward passes only accumulate local gradients (for gradient accumulation).
 
         The next backward pass outside averages the accumulated ``.grad``.
@@ -209,7 +221,7 @@ class DistributedDataParallel(Module):
         encoded = mine.encode()[:_DESCRIPTION_BYTES]
         raw[: len(encoded)] = np.frombuffer(encoded, np.uint8)
         gathered = group.all_gather(raw)
-        by_text = {}
+        by_text: dict[str, list[int]] = {}
         for rank, row in enumerate(gathered):
             by_text.setdefault(row.tobytes().rstrip(b"\0").decode(errors="replace"), []).append(rank)
         lines = [
@@ -224,9 +236,9 @@ class DistributedDataParallel(Module):
 
     def _broadcast_state(self, params: bool, buffers: bool) -> None:
         """Take rank 0's values: one broadcast per dtype (flat), in registration order."""
-        tensors = [p for _, p in self.module.named_parameters()] if params else []
+        tensors: list[Tensor] = [p for _, p in self.module.named_parameters()] if params else []
         tensors += [b for _, b in self.module.named_buffers()] if buffers else []
-        by_dtype = {}
+        by_dtype: dict[np.dtype[Any], list[Tensor]] = {}
         for t in tensors:
             by_dtype.setdefault(t.data.dtype, []).append(t)
         for same_dtype in by_dtype.values():
@@ -237,7 +249,7 @@ class DistributedDataParallel(Module):
                 offset += t.data.size
 
     # -- during backward ------------------------------------------------------------------------
-    def _on_grad_ready(self, param) -> None:
+    def _on_grad_ready(self, param: Tensor) -> None:
         if not self._sync:
             return
         current = self._pass
@@ -284,6 +296,7 @@ class DistributedDataParallel(Module):
     def _finish_pass(self) -> None:
         """End of backward: send what is left, wait for every bucket, write the averages back."""
         current = self._pass
+        assert current is not None  # queued by the pass's first hook, which set it
         try:
             self._launch(current, all_left=True)
             start = time.perf_counter()
@@ -296,6 +309,7 @@ class DistributedDataParallel(Module):
                     f"{type(current.error).__name__}: {current.error}"
                 ) from current.error
             for bucket, averaged in zip(self._buckets, current.results):
+                assert averaged is not None  # no error: every bucket was averaged
                 bucket.write_back(averaged)
         finally:
             self._pass = None
@@ -322,7 +336,7 @@ class DistributedDataParallel(Module):
             self._worker = worker
             worker.start()
 
-    def extra_repr(self):
+    def extra_repr(self) -> str:
         return f"world_size={self.group.world_size}, buckets={len(self._buckets)}, bucket_cap_mb={self.bucket_cap_mb}"
 
 
@@ -337,17 +351,17 @@ class _Jobs:
     collective at a time, in the same order on every rank.
     """
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.cond = threading.Condition()
-        self.pending = collections.deque()
+        self.pending: collections.deque[_Job] = collections.deque()
         self.busy = False
 
-    def put(self, job) -> None:
+    def put(self, job: _Job) -> None:
         with self.cond:
             self.pending.append(job)
             self.cond.notify_all()
 
-    def take(self, block: bool, timeout: float = None):
+    def take(self, block: bool, timeout: float | None = None) -> _Job | None:
         """The next job (now marked busy), or None (nothing to take, or another job is running)."""
         with self.cond:
             if block:
@@ -363,7 +377,7 @@ class _Jobs:
             self.cond.notify_all()
 
 
-def _run(jobs: _Jobs, job) -> None:
+def _run(jobs: _Jobs, job: _Job) -> None:
     current, b, bucket, group = job
     try:
         if current.error is None:
@@ -377,7 +391,7 @@ def _run(jobs: _Jobs, job) -> None:
         jobs.finished()
 
 
-def _serve(jobs: _Jobs, owner) -> None:
+def _serve(jobs: _Jobs, owner: weakref.ref[DistributedDataParallel]) -> None:
     """The background thread: average buckets in the order queued; end once the wrapper is gone."""
     while True:
         job = jobs.take(block=True, timeout=_IDLE_CHECK_SECONDS)
@@ -389,9 +403,12 @@ def _serve(jobs: _Jobs, owner) -> None:
         del job
 
 
-def _make_buckets(params, cap_bytes: int) -> List[_Bucket]:
+def _make_buckets(params: Sequence[Tensor], cap_bytes: int) -> list[_Bucket]:
     """Consecutive parameters of one dtype, up to ``cap_bytes`` each (a larger parameter gets its own)."""
-    buckets, current, size, dtype = [], [], 0, None
+    buckets: list[_Bucket] = []
+    current: list[Tensor] = []
+    size = 0
+    dtype: Any = None  # current's dtype, once it holds a parameter
     for p in params:
         nbytes = p.data.nbytes
         if current and (p.data.dtype != dtype or size + nbytes > cap_bytes):

@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+    from everyo.distributed.protocol import ProcessGroup
+    from everyo.tensor import Tensor
 
 __all__ = ["average_gradients"]
 
 
-def average_gradients(parameters, group) -> None:
+def average_gradients(parameters: Iterable[Tensor], group: ProcessGroup) -> None:
     """Replace every parameter's ``.grad`` by its mean over the ranks of ``group``.
 
     All gradients are flattened into one vector, with one presence flag per

@@ -29,10 +29,10 @@ from __future__ import annotations
 import os
 import shutil
 import sys
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from everyo.errors import EveryODistributedError
 from everyo.distributed.protocol import (
     CollectiveRecord,
     ProcessGroup,
@@ -40,8 +40,15 @@ from everyo.distributed.protocol import (
     reduce_in_rank_order,
     split_blocks,
 )
+from everyo.errors import EveryODistributedError
+
+if TYPE_CHECKING:
+    from types import ModuleType
 
 __all__ = ["init_mpi_process_group", "MPIProcessGroup", "find_mpiexec"]
+
+# mpi4py is an optional dependency (absent where the types are checked), so its
+# communicators are typed Any here: an mpi4py.MPI.Comm.
 
 _NATIVE_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 _INSTALL_HINT = (
@@ -58,7 +65,7 @@ def _mpi():
     return MPI
 
 
-def find_mpiexec():
+def find_mpiexec() -> str | None:
     """Path of the ``mpiexec`` to launch with, or ``None``.
 
     The one beside the running Python comes first: the mpich wheel installs its
@@ -68,7 +75,7 @@ def find_mpiexec():
     return beside if os.path.exists(beside) else shutil.which("mpiexec")
 
 
-def init_mpi_process_group(comm=None, *, abort_on_exception: bool = True) -> "MPIProcessGroup":
+def init_mpi_process_group(comm: Any = None, *, abort_on_exception: bool = True) -> MPIProcessGroup:
     """Return a process group over ``comm`` (default ``MPI.COMM_WORLD``).
 
     The group works on a duplicate of ``comm``, so its collectives never
@@ -96,12 +103,12 @@ def init_mpi_process_group(comm=None, *, abort_on_exception: bool = True) -> "MP
     return MPIProcessGroup(comm.Dup(), MPI)
 
 
-def _install_abort_hook(MPI) -> None:
+def _install_abort_hook(MPI: ModuleType) -> None:
     previous = sys.excepthook
     if getattr(previous, "_everyo_mpi_abort", False):
         return
 
-    def abort_job(kind, value, tb):
+    def abort_job(kind: Any, value: Any, tb: Any) -> None:
         try:
             previous(kind, value, tb)  # the traceback first, while stderr still works
             sys.stderr.write(
@@ -112,7 +119,7 @@ def _install_abort_hook(MPI) -> None:
         finally:
             MPI.COMM_WORLD.Abort(1)
 
-    abort_job._everyo_mpi_abort = True
+    abort_job._everyo_mpi_abort = True  # type: ignore[attr-defined]  # a mark on the function object
     sys.excepthook = abort_job
 
 
@@ -131,13 +138,13 @@ class MPIProcessGroup(ProcessGroup):
     naming them instead of a hang or silently mixed data.
     """
 
-    def __init__(self, comm, MPI):
+    def __init__(self, comm: Any, MPI: ModuleType) -> None:
         super().__init__(comm.Get_rank(), comm.Get_size())
         self._comm, self._MPI = comm, MPI
         self._records = np.empty((self._world_size, CollectiveRecord.PACKED_SIZE), np.uint8)
 
     @property
-    def comm(self):
+    def comm(self) -> Any:
         """The group's own (duplicated) communicator."""
         return self._comm
 
@@ -147,7 +154,7 @@ class MPIProcessGroup(ProcessGroup):
         if comm is not None and not self._MPI.Is_finalized():
             comm.Free()
 
-    def _barrier(self, record) -> None:
+    def _barrier(self, record: CollectiveRecord) -> None:
         self._agree(record)  # an Allgather completes only once every rank joined
 
     def _broadcast(self, record, data, root):
@@ -210,7 +217,7 @@ class MPIProcessGroup(ProcessGroup):
             self._comm.Alltoallv(send, recv)
         return reduce_in_rank_order(list(received), op)
 
-    def _agree(self, record) -> None:
+    def _agree(self, record: CollectiveRecord) -> None:
         """Check that every rank is calling the same collective (one small Allgather)."""
         mine = np.frombuffer(record.pack(), np.uint8)
         self._comm.Allgather(mine, self._records)

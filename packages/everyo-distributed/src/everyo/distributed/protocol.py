@@ -33,11 +33,19 @@ from __future__ import annotations
 
 import abc
 import struct
-from typing import NamedTuple, Optional, Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 import numpy as np
 
 from everyo.errors import EveryODistributedError
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from typing_extensions import Self
+
+    from everyo._typing import TensorLike
 
 __all__ = [
     "ProcessGroup",
@@ -55,7 +63,15 @@ __all__ = [
 REDUCE_OPS = ("sum", "mean")
 
 
-class CollectiveRecord(NamedTuple):
+class _RecordFields(NamedTuple):
+    op: str
+    size: int
+    dtype: str
+    seq: int
+    root: int = -1
+
+
+class CollectiveRecord(_RecordFields):
     """What one rank is calling: compared across ranks before any data moves.
 
     ``op`` is the public method name (``'all_reduce_mean'``, ``'broadcast'``,
@@ -64,11 +80,9 @@ class CollectiveRecord(NamedTuple):
     ``root`` the broadcast root (``-1`` when the op has none).
     """
 
-    op: str
-    size: int
-    dtype: str
-    seq: int
-    root: int = -1
+    # The fields are _RecordFields' (a NamedTuple cannot hold the class
+    # attributes below for type checkers); no per-instance __dict__.
+    __slots__ = ()
 
     # Fixed 64-byte little-endian layout so a backend can put a record in a
     # shared-memory slot or on a socket without pickle.
@@ -79,7 +93,7 @@ class CollectiveRecord(NamedTuple):
         return self._FORMAT.pack(self.seq, self.size, self.root, self.op.encode("ascii"), self.dtype.encode("ascii"))
 
     @classmethod
-    def unpack(cls, data) -> "CollectiveRecord":
+    def unpack(cls, data: bytes | bytearray | memoryview) -> CollectiveRecord:
         seq, size, root, op, dtype = cls._FORMAT.unpack(bytes(data))
         return cls(op.rstrip(b"\0").decode("ascii"), size, dtype.rstrip(b"\0").decode("ascii"), seq, root)
 
@@ -99,14 +113,14 @@ HINT = (
 )
 
 
-def describe_mismatch(records: Sequence[Optional[CollectiveRecord]]) -> Optional[str]:
+def describe_mismatch(records: Sequence[CollectiveRecord | None]) -> str | None:
     """Return ``None`` when every rank's record agrees, else a message naming each group of ranks.
 
     ``records[r]`` is rank ``r``'s record (``None``: rank ``r`` had not published one).
     """
     if all(r is not None for r in records) and len(set(records)) <= 1:
         return None
-    groups: dict = {}
+    groups: dict[CollectiveRecord | None, list[int]] = {}
     for rank, record in enumerate(records):
         groups.setdefault(record, []).append(rank)
     lines = []
@@ -117,7 +131,7 @@ def describe_mismatch(records: Sequence[Optional[CollectiveRecord]]) -> Optional
     return "collective mismatch: the ranks did not call the same collective:\n" + "\n".join(lines) + "\n" + HINT
 
 
-def check_records(records: Sequence[Optional[CollectiveRecord]]) -> None:
+def check_records(records: Sequence[CollectiveRecord | None]) -> None:
     """Raise :class:`EveryODistributedError` unless every rank called the same collective."""
     message = describe_mismatch(records)
     if message is not None:
@@ -127,12 +141,12 @@ def check_records(records: Sequence[Optional[CollectiveRecord]]) -> None:
 _MOVE_ONLY = ("broadcast", "all_gather")  # no arithmetic: bool is fine
 
 
-def is_float_dtype(dtype) -> bool:
+def is_float_dtype(dtype: np.dtype[Any]) -> bool:
     """Whether a collective treats ``dtype`` as a float: NumPy's floats, and bfloat16 by name."""
     return dtype.kind == "f" or (dtype.kind == "V" and dtype.name == "bfloat16")
 
 
-def split_blocks(n: int, world_size: int):
+def split_blocks(n: int, world_size: int) -> list[tuple[int, int]]:
     """``[(lo, hi), ...]``: rank ``r`` owns ``range(lo, hi)`` of ``n`` items; contiguous, in
     rank order, lengths differing by at most one (the first ``n % world_size`` get one more).
 
@@ -146,7 +160,7 @@ def split_blocks(n: int, world_size: int):
     return [(starts[r], starts[r + 1]) for r in range(world_size)]
 
 
-def prepare_array(array, op: str) -> np.ndarray:
+def prepare_array(array: TensorLike, op: str) -> np.ndarray:
     """A C-contiguous NumPy view/copy of ``array`` that a collective ``op`` accepts.
 
     Floats (bfloat16 included) and integers are accepted; bool only by the
@@ -179,7 +193,7 @@ def prepare_array(array, op: str) -> np.ndarray:
 
 
 def reduce_in_rank_order(
-    slots: Sequence[np.ndarray], op: str, out: Optional[np.ndarray] = None, block: int = 1 << 15
+    slots: Sequence[np.ndarray], op: str, out: np.ndarray | None = None, block: int = 1 << 15
 ) -> np.ndarray:
     """Sum (or average) ``slots[0] + slots[1] + ...`` in exactly that order, in float64.
 
@@ -239,6 +253,7 @@ def reduce_in_rank_order(
         if np.isfinite(flat_out).all():
             return out
         # an overflow, or inf/NaN inputs: recompute everything below in float64
+    acc_dtype: type[np.generic]
     if floating:
         acc_dtype = np.float64
     else:
@@ -282,10 +297,10 @@ class ProcessGroup(abc.ABC):
     ``_barrier(record)`` and ``_close()``. ``data`` is C-contiguous and native.
     """
 
-    def __init__(self, rank: int, world_size: int):
+    def __init__(self, rank: int, world_size: int) -> None:
         self._rank, self._world_size = rank, world_size
         self._seq = 0  # collectives called so far: the record's sequence number
-        self._broken = None  # the first failure's message, once a collective failed
+        self._broken: str | None = None  # the first failure's message, once a collective failed
         self._closed = False
 
     @property
@@ -299,23 +314,23 @@ class ProcessGroup(abc.ABC):
         return self._world_size
 
     # -- the public collectives (argument checks, then the backend) ---------------------------
-    def all_reduce_sum(self, array) -> np.ndarray:
+    def all_reduce_sum(self, array: TensorLike) -> np.ndarray:
         """Element-wise sum over ranks (float64 accumulation, ranks in order), in the input dtype."""
         data = prepare_array(array, "all_reduce_sum")
         return self._call(self._all_reduce, "all_reduce_sum", data, -1, "sum").reshape(data.shape)
 
-    def all_reduce_mean(self, array) -> np.ndarray:
+    def all_reduce_mean(self, array: TensorLike) -> np.ndarray:
         """Element-wise mean over ranks, computed in float64 and rounded once to the input dtype."""
         data = prepare_array(array, "all_reduce_mean")
         return self._call(self._all_reduce, "all_reduce_mean", data, -1, "mean").reshape(data.shape)
 
-    def broadcast(self, array, root: int = 0) -> np.ndarray:
+    def broadcast(self, array: TensorLike, root: int = 0) -> np.ndarray:
         """Return ``root``'s array on every rank (every rank passes an array of the same size and dtype)."""
         self._check_root("broadcast", root)
         data = prepare_array(array, "broadcast")
         return self._call(self._broadcast, "broadcast", data, root, root).reshape(data.shape)
 
-    def all_gather(self, array) -> np.ndarray:
+    def all_gather(self, array: TensorLike) -> np.ndarray:
         """Every rank's array, stacked in rank order: shape ``(world_size, *array.shape)``.
 
         Every rank passes an array of the same size and dtype.
@@ -328,7 +343,7 @@ class ProcessGroup(abc.ABC):
         out = self._call(self._all_gather, "all_gather", data, -1)
         return out.reshape((self._world_size,) + data.shape)
 
-    def reduce_scatter_sum(self, array) -> np.ndarray:
+    def reduce_scatter_sum(self, array: TensorLike) -> np.ndarray:
         """The sum over ranks of ``array`` (as ``all_reduce_sum``), but only this rank's rows.
 
         The rows (first axis) are split in rank order into blocks whose
@@ -340,7 +355,7 @@ class ProcessGroup(abc.ABC):
         """
         return self._reduce_scatter_call(array, "reduce_scatter_sum", "sum")
 
-    def reduce_scatter_mean(self, array) -> np.ndarray:
+    def reduce_scatter_mean(self, array: TensorLike) -> np.ndarray:
         """As :meth:`reduce_scatter_sum`, with the mean (float64, rounded once)."""
         return self._reduce_scatter_call(array, "reduce_scatter_mean", "mean")
 
@@ -355,13 +370,13 @@ class ProcessGroup(abc.ABC):
             self._close()
 
     # -- bookkeeping shared by every backend ----------------------------------------------------
-    def _check_root(self, op: str, root) -> None:
+    def _check_root(self, op: str, root: object) -> None:
         if not isinstance(root, (int, np.integer)) or isinstance(root, bool) or not 0 <= root < self._world_size:
             raise EveryODistributedError(
                 f"{op}: root {root!r} is not a rank of this group (world_size {self._world_size})"
             )
 
-    def _reduce_scatter_call(self, array, op_name: str, op: str) -> np.ndarray:
+    def _reduce_scatter_call(self, array: TensorLike, op_name: str, op: str) -> np.ndarray:
         data = prepare_array(array, op_name)
         if data.ndim == 0:
             raise EveryODistributedError(
@@ -375,10 +390,10 @@ class ProcessGroup(abc.ABC):
         out = self._call(self._reduce_scatter, op_name, data, -1, op, blocks)
         return out.reshape((hi - lo,) + data.shape[1:])
 
-    def _barrier_call(self, record, _data):
+    def _barrier_call(self, record: CollectiveRecord, _data: None) -> None:
         return self._barrier(record)
 
-    def _call(self, body, op: str, data, root: int, *args):
+    def _call(self, body: Callable[..., Any], op: str, data: np.ndarray | None, root: int, *args: Any) -> Any:
         """Check the group is usable, number the call, run the backend; a failure breaks the group."""
         if self._broken is not None:
             raise EveryODistributedError(
@@ -401,7 +416,7 @@ class ProcessGroup(abc.ABC):
             raise
 
     # -- what a backend implements ---------------------------------------------------------------
-    def _refuse(self, op: str, data) -> Optional[str]:
+    def _refuse(self, op: str, data: np.ndarray | None) -> str | None:
         """Why this backend cannot run ``op`` on ``data`` (checked on every rank alike), or None."""
         return None
 
@@ -418,7 +433,9 @@ class ProcessGroup(abc.ABC):
         """A new ``(world_size, data.size)`` array, row ``r`` holding rank ``r``'s data."""
 
     @abc.abstractmethod
-    def _reduce_scatter(self, record: CollectiveRecord, data: np.ndarray, op: str, blocks) -> np.ndarray:
+    def _reduce_scatter(
+        self, record: CollectiveRecord, data: np.ndarray, op: str, blocks: Sequence[tuple[int, int]]
+    ) -> np.ndarray:
         """This rank's block ``blocks[rank]`` (flat element range) of the reduction, as a new array."""
 
     @abc.abstractmethod
@@ -429,21 +446,21 @@ class ProcessGroup(abc.ABC):
     def _close(self) -> None:
         """Release the backend's resources (called once)."""
 
-    def __enter__(self):
+    def __enter__(self) -> Self:
         return self
 
-    def __exit__(self, *exc_info):
+    def __exit__(self, *exc_info: object) -> Literal[False]:
         self.close()
         return False
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"{type(self).__name__}(rank={self.rank}, world_size={self.world_size})"
 
 
-_DTYPE_NAMES: dict = {}
+_DTYPE_NAMES: dict[np.dtype[Any], str] = {}
 
 
-def _dtype_name(dtype) -> str:
+def _dtype_name(dtype: np.dtype[Any]) -> str:
     # numpy's dtype.name is computed on every access (~1 us); collectives are latency-bound.
     name = _DTYPE_NAMES.get(dtype)
     if name is None:

@@ -3,8 +3,14 @@
 from __future__ import annotations
 
 import operator
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+    from everyo.distributed.protocol import ProcessGroup
 
 __all__ = ["DistributedSampler"]
 
@@ -50,7 +56,9 @@ class DistributedSampler:
                 batch = rows[start:start + per_rank_batch]
     """
 
-    def __init__(self, n: int, group, *, shuffle: bool = True, seed: int = 0, drop_last: bool = False):
+    def __init__(
+        self, n: int, group: ProcessGroup, *, shuffle: bool = True, seed: int = 0, drop_last: bool = False
+    ) -> None:
         self.n = operator.index(n)
         if self.n < 0:
             raise ValueError(f"DistributedSampler: n must be >= 0, got {n}")
@@ -78,7 +86,7 @@ class DistributedSampler:
         """This rank's indices for the current epoch, in order."""
         return self.global_order()[self.rank :: self.world_size]
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[int]:
         return iter(self.indices().tolist())
 
     def __len__(self) -> int:
@@ -86,7 +94,7 @@ class DistributedSampler:
             return self.n // self.world_size
         return -(-self.n // self.world_size)
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return (
             f"DistributedSampler(n={self.n}, rank={self.rank}, world_size={self.world_size}, "
             f"shuffle={self.shuffle}, seed={self.seed}, drop_last={self.drop_last}, epoch={self.epoch})"

@@ -12,7 +12,7 @@ workers took 1.8 s with ``OMP_NUM_THREADS=1`` and 11.0 s without).
 from __future__ import annotations
 
 import os
-from typing import Dict, Mapping, Optional, Tuple
+from collections.abc import Mapping
 
 __all__ = ["THREAD_VARIABLES", "available_cores", "worker_thread_env"]
 
@@ -36,8 +36,8 @@ def available_cores() -> int:
 
 
 def worker_thread_env(
-    world_size: int, environ: Mapping[str, str] = os.environ, cores: Optional[int] = None
-) -> Tuple[Dict[str, str], Optional[str]]:
+    world_size: int, environ: Mapping[str, str] = os.environ, cores: int | None = None
+) -> tuple[dict[str, str], str | None]:
     """Return ``(variables to set for the workers, warning or None)``.
 
     Nothing is set when the user set any of :data:`THREAD_VARIABLES`; then the

@@ -8,6 +8,7 @@ ops or translate to different ONNX graphs, naming the first op that differs.
 """
 
 import operator
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -16,7 +17,7 @@ from everyo.tensor import Tensor
 
 
 def _as_shape(input_shape):
-    if not isinstance(input_shape, (tuple, list)):
+    if isinstance(input_shape, (str, bytes)) or not isinstance(input_shape, Sequence):
         return None
     try:
         return tuple(None if d is None else operator.index(d) for d in input_shape)
@@ -65,14 +66,14 @@ def normalize_axes(dynamic_axes, input_names, arrays):
     """``{name: {axis: dim_name}}``; the default makes axis 0 of every input ``batch``."""
     if dynamic_axes is None:
         return {n: {0: "batch"} for n, a in zip(input_names, arrays) if a.ndim >= 1}
-    if not isinstance(dynamic_axes, dict):
+    if not isinstance(dynamic_axes, Mapping):
         raise TypeError(f"dynamic_axes must be a dict like {{'input': {{0: 'batch'}}}}, got {dynamic_axes!r}")
     ranks = dict(zip(input_names, (a.ndim for a in arrays)))
     out = {}
     for name, spec in dynamic_axes.items():
         if isinstance(spec, (list, tuple)):
             spec = {int(a): f"{name}_dim{int(a)}" for a in spec}
-        if not isinstance(spec, dict):
+        if not isinstance(spec, Mapping):
             raise TypeError(f"dynamic_axes[{name!r}] must be a dict {{axis: name}} or a list of axes, got {spec!r}")
         axes = {}
         for axis, dim in spec.items():

@@ -6,19 +6,35 @@ no rule, in-place ``.data`` changes), the dynamic-axes check, ONNX's checker,
 the 2 GiB limit and, with ``verify=True``, ONNX Runtime's agreement.
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
 import numpy as np
 
 import everyo
 from everyo.errors import EveryOSerializationError
 from everyo.io import atomic_write
 from everyo.nn import Module
-
 from everyo.onnx import dynamic
 from everyo.onnx.graph import onnx_type
 from everyo.onnx.optimize import cancel_transposes, eliminate_dead, identity_outputs
 from everyo.onnx.rules import RULES
 from everyo.onnx.trace import trace
 from everyo.onnx.translate import Translator
+
+if TYPE_CHECKING:
+    import os
+    from collections.abc import Mapping, Sequence
+    from typing import TypeAlias, TypeVar
+
+    import onnx
+    from everyo._typing import TensorLike
+
+    #: The path type export_onnx was given, which it returns.
+    PathT = TypeVar("PathT", bound="str | os.PathLike[str]")
+    #: ``{"input": {0: "batch", 1: "seq"}}``, or ``{"input": [0, 1]}`` (axes named ``input_dim0`` ...).
+    DynamicAxes: TypeAlias = Mapping[str, Mapping[int, str] | list[int] | tuple[int, ...]]
 
 # Opset 17 is run by every ONNX Runtime since 1.13 (2022) and by most other
 # runtimes. Any opset from MIN_OPSET (Softmax over one axis, Split/Squeeze
@@ -146,18 +162,18 @@ def _value_infos(helper, names, values, dims):
 
 
 def build_model(
-    model,
+    model: Module,
     *,
-    input_shape=None,
-    example_input=None,
-    input_names=None,
-    output_names=None,
-    dynamic_axes=None,
-    opset=None,
-    input_name=None,
-    output_name=None,
-    _keep=None,
-):
+    input_shape: Sequence[int | None] | None = None,
+    example_input: TensorLike | tuple[TensorLike, ...] | None = None,
+    input_names: str | Sequence[str] | None = None,
+    output_names: str | Sequence[str] | None = None,
+    dynamic_axes: DynamicAxes | None = None,
+    opset: int | None = None,
+    input_name: str | None = None,
+    output_name: str | None = None,
+    _keep: dict[str, Any] | None = None,
+) -> onnx.ModelProto:
     """Trace ``model`` and build the checked ``onnx.ModelProto`` without writing it.
 
     Takes the same arguments as :func:`export_onnx` (no path, no verify).
@@ -261,19 +277,19 @@ def build_model(
 
 
 def export_onnx(
-    model,
-    path,
+    model: Module,
+    path: PathT,
     *,
-    input_shape=None,
-    example_input=None,
-    input_names=None,
-    output_names=None,
-    dynamic_axes=None,
-    opset=None,
-    verify=False,
-    input_name=None,
-    output_name=None,
-):
+    input_shape: Sequence[int | None] | None = None,
+    example_input: TensorLike | tuple[TensorLike, ...] | None = None,
+    input_names: str | Sequence[str] | None = None,
+    output_names: str | Sequence[str] | None = None,
+    dynamic_axes: DynamicAxes | None = None,
+    opset: int | None = None,
+    verify: bool = False,
+    input_name: str | None = None,
+    output_name: str | None = None,
+) -> PathT:
     """Export ``model`` to an ONNX file at ``path`` by tracing its forward pass.
 
     Args:
@@ -302,7 +318,7 @@ def export_onnx(
         eo.export_onnx(model, "model.onnx", input_shape=(1, 8, 8, 1), output_name="logits")
         eo.run_onnx("model.onnx", batch)
     """
-    keep = {} if verify else None
+    keep: dict[str, Any] | None = {} if verify else None
     proto = build_model(
         model,
         input_shape=input_shape,

@@ -1,9 +1,19 @@
 """Rules for core's comparisons, extra elementwise ops, shape ops, indexing
 (take_along_axis, masked_fill, one_hot, sort, topk) and einsum."""
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 import numpy as np
 
-RULES = {}
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from everyo.onnx.trace import Node
+    from everyo.onnx.translate import Translator
+
+RULES: dict[str, Callable[[Translator, Node], object]] = {}
 
 
 def _rule(*names):

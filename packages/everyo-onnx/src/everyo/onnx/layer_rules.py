@@ -5,11 +5,21 @@ Each rule writes the op with standard ONNX ops valid from opset 13, step for
 step as core computes it, so ONNX Runtime agrees to float32 rounding.
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from everyo.onnx.graph import TO_NCHW, TO_NHWC
 
-RULES = {}
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from everyo.onnx.trace import Node
+    from everyo.onnx.translate import Translator
+
+RULES: dict[str, Callable[[Translator, Node], object]] = {}
 
 _SQRT_2_OVER_PI = float(np.sqrt(2.0 / np.pi))
 _INV_SQRT_2 = float(1.0 / np.sqrt(2.0))

@@ -1,13 +1,19 @@
 """Run an exported file in ONNX Runtime; report whether onnx is importable."""
 
+from __future__ import annotations
+
 import os
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from everyo._typing import Array, TensorLike
 
 INSTALL_HINT = "Install it with: pip install everyo-core[onnx]"
 
 
-def onnx_available():
+def onnx_available() -> bool:
     """True when the ``onnx`` package can be imported (export_onnx needs it)."""
     try:
         import onnx  # noqa: F401
@@ -42,7 +48,9 @@ _NUMPY_OF = {
 }
 
 
-def run_onnx(path, *inputs):
+# One output: an array; several: a list of arrays. "| Any" (typeshed's way for a
+# result only the file decides) so that callers need not narrow the union.
+def run_onnx(path: str | os.PathLike[str], *inputs: TensorLike) -> Array | Any:
     """Run the ONNX file at ``path`` on ``inputs`` with ONNX Runtime (CPU).
 
     Args:

@@ -10,9 +10,20 @@ agrees when each element is within 1e-5 absolutely or relatively (float32);
 integers and booleans must be equal.
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
 import numpy as np
 
 from everyo.errors import EveryOExportMismatchError
+
+if TYPE_CHECKING:
+    import os
+    from collections.abc import Iterable, Mapping
+
+    from everyo._typing import TensorLike
+    from everyo.nn import Module
 
 TOLERANCE = 1e-5
 
@@ -61,9 +72,8 @@ def report(model_bytes, keep):
     node (the ONNX node computing it), op (the EveryO op), line (the user's
     source line), run, max_abs, max_rel, ok (graph order)."""
     import onnx
-    from onnx import helper
-
     from everyo.onnx.runtime import import_runtime
+    from onnx import helper
 
     ort = import_runtime("verify")
     feeds = dict(zip(keep["input_names"], keep["arrays"]))
@@ -139,7 +149,7 @@ def check_agreement(model_bytes, keep):
     return rows
 
 
-def format_report(rows):
+def format_report(rows: Iterable[Mapping[str, Any]]) -> str:
     """The report as a text table, one line per compared value."""
     lines = [f"{'node':<34} {'op':<14} {'max abs':>10} {'max rel':>10}  ok  run"]
     for r in rows:
@@ -150,7 +160,9 @@ def format_report(rows):
     return "\n".join(lines)
 
 
-def verify_onnx(model, path, example_input):
+def verify_onnx(
+    model: Module, path: str | os.PathLike[str], example_input: TensorLike | tuple[TensorLike, ...]
+) -> list[dict[str, Any]]:
     """Compare the ONNX file at ``path`` with ``model`` on ``example_input``,
     value by value, and return the report (a list of dicts with ``value``,
     ``op``, ``line``, ``run``, ``max_abs``, ``max_rel``, ``ok``).
@@ -168,7 +180,6 @@ def verify_onnx(model, path, example_input):
         print(eo.onnx.format_report(rows))
     """
     import onnx
-
     from everyo.onnx.export import build_model
 
     proto = onnx.load(str(path))
@@ -181,7 +192,7 @@ def verify_onnx(model, path, example_input):
             axes[value.name] = named
     opset = next(o.version for o in proto.opset_import if o.domain in ("", "ai.onnx"))
     example = example_input if isinstance(example_input, tuple) else (example_input,)
-    keep = {}
+    keep: dict[str, Any] = {}
     build_model(
         model,
         example_input=example,

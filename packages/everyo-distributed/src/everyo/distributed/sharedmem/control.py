@@ -32,9 +32,9 @@ import os
 import threading
 import time
 
-from everyo.errors import EveryODistributedError
 from everyo.distributed.protocol import HINT, CollectiveRecord
 from everyo.distributed.sharedmem.segment import Segment, attach_segment, create_segment
+from everyo.errors import EveryODistributedError
 
 __all__ = ["ControlBlock", "RUNNING", "RETURNED", "FAILED", "PeerAbortedError"]
 
@@ -77,7 +77,7 @@ def control_size(world_size: int) -> int:
 class ControlBlock:
     """One process's view of the control segment."""
 
-    def __init__(self, segment: Segment, world_size: int, rank: int = -1):
+    def __init__(self, segment: Segment, world_size: int, rank: int = -1) -> None:
         self.segment = segment
         self.world_size = world_size
         self.rank = rank
@@ -90,21 +90,19 @@ class ControlBlock:
 
     # -- creation / attachment ------------------------------------------------
     @classmethod
-    def create(cls, name: str, world_size: int) -> "ControlBlock":
+    def create(cls, name: str, world_size: int) -> ControlBlock:
         block = cls(create_segment(name, control_size(world_size)), world_size)
         block.words[_WORLD] = world_size
         return block
 
     @classmethod
-    def attach(cls, name: str, world_size: int, rank: int) -> "ControlBlock":
+    def attach(cls, name: str, world_size: int, rank: int) -> ControlBlock:
         block = cls(attach_segment(name, control_size(world_size)), world_size, rank)
         block.words[block._line(rank) + _PID] = os.getpid()
         return block
 
     def close(self) -> None:
-        if self.words is not None:
-            self.words.release()
-            self.words = None
+        self.words.release()  # idempotent
         self.segment.close()
 
     # -- fields -----------------------------------------------------------------
@@ -121,7 +119,7 @@ class ControlBlock:
         if self.words[_ABORT] == 0:
             self.words[_ABORT] = failed_rank + 1
 
-    def data_segment(self):
+    def data_segment(self) -> tuple[int, int]:
         return self.words[_GENERATION], self.words[_CAPACITY]
 
     def set_data_segment(self, generation: int, capacity: int) -> None:
@@ -155,7 +153,7 @@ class ControlBlock:
                 return False
         return True
 
-    def records(self, seq: int):
+    def records(self, seq: int) -> list[CollectiveRecord]:
         size = CollectiveRecord.PACKED_SIZE
         out = []
         for rank in range(self.world_size):
@@ -163,7 +161,7 @@ class ControlBlock:
             out.append(CollectiveRecord.unpack(self.segment.buf[start : start + size]))
         return out
 
-    def last_record(self, rank: int):
+    def last_record(self, rank: int) -> CollectiveRecord | None:
         """The latest record ``rank`` published (for diagnostics), or ``None``."""
         size = CollectiveRecord.PACKED_SIZE
         best = None

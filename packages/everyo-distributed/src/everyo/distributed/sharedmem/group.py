@@ -25,9 +25,10 @@ once.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 import numpy as np
 
-from everyo.errors import EveryODistributedError
 from everyo.distributed.protocol import (
     CollectiveRecord,
     ProcessGroup,
@@ -38,6 +39,10 @@ from everyo.distributed.protocol import (
 from everyo.distributed.sharedmem.control import FAILED, RETURNED, ControlBlock
 from everyo.distributed.sharedmem.segment import attach_segment, create_segment, unlink_segment
 from everyo.distributed.threads import available_cores
+from everyo.errors import EveryODistributedError
+
+if TYPE_CHECKING:
+    from everyo.distributed.sharedmem.segment import Segment
 
 __all__ = ["SharedMemoryGroup", "data_segment_name"]
 
@@ -57,12 +62,12 @@ class SharedMemoryGroup(ProcessGroup):
     Not constructed by users: ``spawn`` passes one to each worker as its first argument.
     """
 
-    def __init__(self, control_name: str, rank: int, world_size: int):
+    def __init__(self, control_name: str, rank: int, world_size: int) -> None:
         super().__init__(rank, world_size)
         self._control_name = control_name
         self._control = ControlBlock.attach(control_name, world_size, rank)
         self._control.oversubscribed = world_size > available_cores()
-        self._data = None  # Segment of the current generation
+        self._data: Segment | None = None  # Segment of the current generation
         self._generation = 0
         self._capacity = 0  # bytes per slot; identical on every rank
 
@@ -74,13 +79,11 @@ class SharedMemoryGroup(ProcessGroup):
             except BufferError:
                 pass  # a traceback still holds a view; the mapping dies with the process
             self._data = None
-        if self._control is not None:
-            self._control.close()
-            self._control = None
+        self._control.close()  # idempotent
 
     # -- used by spawn's worker entry point -------------------------------------
     def _finish(self, ok: bool) -> None:
-        if self._control is None:
+        if self._closed:  # the worker closed its group itself
             return
         if not ok:
             self._control.abort(self._rank)
@@ -91,12 +94,13 @@ class SharedMemoryGroup(ProcessGroup):
         if not self._control.records_match(record.seq, packed):
             check_records(self._control.records(record.seq))
 
-    def _slot(self, rank: int, dtype, size: int) -> np.ndarray:
+    def _slot(self, rank: int, dtype: np.dtype[Any], size: int) -> np.ndarray:
         if size == 0:
             return np.empty(0, dtype)
+        assert self._data is not None  # a collective that moves data has grown the buffer first
         return np.frombuffer(self._data.buf, dtype=dtype, count=size, offset=rank * self._capacity)
 
-    def _exchange(self, record, data, writes: bool) -> None:
+    def _exchange(self, record: CollectiveRecord, data: np.ndarray, writes: bool) -> None:
         """Publish, write (if ``writes`` and it fits), barrier, check, grow if needed."""
         control = self._control
         packed = control.publish(record)
@@ -164,7 +168,7 @@ class SharedMemoryGroup(ProcessGroup):
         self._control.barrier(record)
         self._check(record, packed)
 
-    def _grow(self, nbytes: int, record) -> None:
+    def _grow(self, nbytes: int, record: CollectiveRecord) -> None:
         capacity = max(nbytes, 2 * self._capacity, _MIN_CAPACITY)
         capacity = -(-capacity // _ALIGN) * _ALIGN
         generation = self._generation + 1

@@ -14,11 +14,10 @@ about (or unlink) a segment still in use. So here:
 
 from __future__ import annotations
 
+import _posixshmem  # type: ignore[import-not-found]  # CPython's module behind shared_memory; no stub
 import mmap
 import os
 import secrets
-
-import _posixshmem
 from multiprocessing import resource_tracker
 
 from everyo.errors import EveryODistributedError
@@ -38,14 +37,13 @@ class Segment:
 
     __slots__ = ("name", "size", "buf")
 
-    def __init__(self, name: str, size: int, buf: mmap.mmap):
+    def __init__(self, name: str, size: int, buf: mmap.mmap) -> None:
         self.name, self.size, self.buf = name, size, buf
 
     def close(self) -> None:
         """Unmap this process's view; raises ``BufferError`` if NumPy views of it still exist."""
-        if self.buf is not None:
+        if not self.buf.closed:
             self.buf.close()
-            self.buf = None
 
 
 def _check_free_space(size: int) -> None:

@@ -11,6 +11,7 @@ which releases every rank blocked in a collective, and stops whatever is left.
 from __future__ import annotations
 
 import contextlib
+import enum
 import multiprocessing
 import os
 import signal
@@ -19,13 +20,22 @@ import time
 import traceback
 import warnings
 from multiprocessing import connection
+from typing import TYPE_CHECKING, Any, Final
 
-from everyo.errors import EveryODistributedError
 from everyo.distributed.protocol import HINT
 from everyo.distributed.sharedmem.control import ControlBlock, PeerAbortedError
-from everyo.distributed.sharedmem.segment import new_segment_name, unlink_segment
 from everyo.distributed.sharedmem.group import SharedMemoryGroup, data_segment_name
+from everyo.distributed.sharedmem.segment import new_segment_name, unlink_segment
 from everyo.distributed.threads import worker_thread_env
+from everyo.errors import EveryODistributedError
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable
+    from typing import Concatenate, TypeVar
+
+    from everyo.distributed.protocol import ProcessGroup
+
+    _R = TypeVar("_R")
 
 __all__ = ["spawn"]
 
@@ -36,10 +46,21 @@ _EXIT_SECONDS = 10.0  # after success: how long the ranks get to exit before bei
 _TIMEOUT_HINT = "If spawn times out: " + HINT[0].lower() + HINT[1:]
 
 
-_NOT_GIVEN = object()
+class _NotGiven(enum.Enum):
+    NOT_GIVEN = "not given"
 
 
-def spawn(worker, world_size: int, args=(), timeout=None, *, stall_timeout=_NOT_GIVEN) -> list:
+_NOT_GIVEN: Final = _NotGiven.NOT_GIVEN
+
+
+def spawn(
+    worker: Callable[Concatenate[ProcessGroup, ...], _R],
+    world_size: int,
+    args: Iterable[Any] = (),
+    timeout: float | None = None,
+    *,
+    stall_timeout: float | None | _NotGiven = _NOT_GIVEN,
+) -> list[_R]:
     """Run ``worker(group, *args)`` in ``world_size`` new processes; return their results by rank.
 
     Processes use the ``spawn`` start method, so ``worker`` must be a

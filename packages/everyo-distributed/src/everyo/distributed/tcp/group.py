@@ -56,10 +56,10 @@ import time
 
 import numpy as np
 
-from everyo.errors import EveryODistributedError
 from everyo.distributed.protocol import HINT, CollectiveRecord, ProcessGroup, reduce_in_rank_order, split_blocks
 from everyo.distributed.tcp import rendezvous, wire
 from everyo.distributed.tcp.server import TCPRendezvousServer
+from everyo.errors import EveryODistributedError
 
 __all__ = ["TCPRendezvousServer", "init_tcp_process_group", "TCPProcessGroup"]
 
@@ -88,8 +88,14 @@ def _from_environment(name, value, convert):
 
 
 def init_tcp_process_group(
-    host: str = None, port: int = None, rank: int = None, world_size: int = None, *, timeout: float = 60.0, token=None
-) -> "TCPProcessGroup":
+    host: str | None = None,
+    port: int | None = None,
+    rank: int | None = None,
+    world_size: int | None = None,
+    *,
+    timeout: float = 60.0,
+    token: str | bytes | None = None,
+) -> TCPProcessGroup:
     """Join the group that the :class:`TCPRendezvousServer` at ``host:port`` is forming.
 
     Blocks until all ``world_size`` ranks have joined and this rank is connected
@@ -162,10 +168,10 @@ def _bind_address(host: str) -> str:
 
 
 def _byte_view(array: np.ndarray) -> memoryview:
-    return memoryview(array.reshape(-1).view(np.uint8))
+    return array.reshape(-1).view(np.uint8).data
 
 
-def _segments(lo: int, hi: int, itemsize: int):
+def _segments(lo: int, hi: int, itemsize: int) -> list[tuple[int, int]]:
     """The element ranges a block travels in (both ends cut it the same way); one, possibly empty, at least."""
     step = max(1, _SEGMENT_BYTES // itemsize)
     return [(a, min(a + step, hi)) for a in range(lo, hi, step)] or [(lo, hi)]
@@ -181,15 +187,22 @@ class TCPProcessGroup(ProcessGroup):
     other ranks fail promptly too). Not thread-safe: one collective at a time.
     """
 
-    def __init__(self, rank: int, world_size: int, socks: dict, timeout: float, server=None):
+    def __init__(
+        self,
+        rank: int,
+        world_size: int,
+        socks: dict[int, socket.socket],
+        timeout: float,
+        server: TCPRendezvousServer | None = None,
+    ) -> None:
         super().__init__(rank, world_size)
         self.timeout = timeout
-        self._socks = socks
+        self._socks: dict[int, socket.socket] | None = socks
         self._server = server
         for sock in socks.values():
             sock.setblocking(False)
-        self._scratch = {}  # peer -> reusable receive buffer (uint8), grown as needed
-        self._last_out = None  # the last large result, reused once the caller drops it
+        self._scratch: dict[int, np.ndarray] = {}  # peer -> reusable receive buffer (uint8), grown as needed
+        self._last_out: np.ndarray | None = None  # the last large result, reused once the caller drops it
 
     def _close(self) -> None:
         """Close the connections to every peer (and rank 0's own rendezvous server, if it started one)."""
@@ -387,7 +400,7 @@ class TCPProcessGroup(ProcessGroup):
             )
         return None
 
-    def _header(self, record, length) -> bytes:
+    def _header(self, record: CollectiveRecord, length: int) -> bytes:
         return wire.pack_header(
             wire.DATA,
             length,

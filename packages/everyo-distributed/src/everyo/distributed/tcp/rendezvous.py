@@ -34,8 +34,8 @@ import socket
 import struct
 import time
 
-from everyo.errors import EveryODistributedError
 from everyo.distributed.tcp import wire
+from everyo.errors import EveryODistributedError
 
 __all__ = ["join"]
 
@@ -49,7 +49,7 @@ _MAX_PEER_PENDING = 64  # unverified connections a worker's listener holds at on
 _HELLO_SIZE = SESSION_BYTES + 8 + 32  # PEER_HELLO payload: session, pair, MAC
 
 
-def join(host, port, rank, world_size, key, deadline) -> dict:
+def join(host: str, port: int, rank: int, world_size: int, key: bytes, deadline: float) -> dict[int, socket.socket]:
     """Rendezvous at ``host:port`` and connect to every other rank; returns ``{peer rank: socket}``.
 
     A connection the server refuses, resets or closes before answering (it is
@@ -61,7 +61,7 @@ def join(host, port, rank, world_size, key, deadline) -> dict:
     (server's refusal, token mismatch, garbage) or ``OSError`` for the caller to reword.
     """
     server = f"the rendezvous server at {host}:{port}"
-    listener = None
+    listener: socket.socket | None = None
     pause = 0.02
     try:
         while True:
@@ -76,7 +76,7 @@ def join(host, port, rank, world_size, key, deadline) -> dict:
                 break
             except (ConnectionError, BrokenPipeError) as exc:
                 if time.monotonic() + pause >= deadline:
-                    raise socket.timeout(f"{server} kept dropping the connection ({exc})") from None
+                    raise TimeoutError(f"{server} kept dropping the connection ({exc})") from None
                 time.sleep(pause)
                 pause = min(pause * 2, 0.5)
             finally:
@@ -85,6 +85,7 @@ def join(host, port, rank, world_size, key, deadline) -> dict:
         if listener is not None:
             listener.close()
         raise
+    assert listener is not None  # opened before the loop could break
     with listener:
         return _connect_mesh(listener, key, session, rank, addresses, deadline)
 
@@ -95,10 +96,10 @@ def _connect(address, deadline, who):
     while True:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
-            raise socket.timeout(f"{who} did not accept a connection")
+            raise TimeoutError(f"{who} did not accept a connection")
         try:
             sock = socket.create_connection(address, timeout=min(remaining, 5.0))
-        except (ConnectionRefusedError, ConnectionResetError, socket.timeout):
+        except (TimeoutError, ConnectionRefusedError, ConnectionResetError):
             time.sleep(min(pause, max(remaining, 0)))
             pause = min(pause * 2, 0.5)
             continue
@@ -169,7 +170,9 @@ def _connect_mesh(listener, key, session, rank, addresses, deadline):
     return socks
 
 
-def _accept_peers(listener, key, session, rank, missing, deadline) -> dict:
+def _accept_peers(
+    listener: socket.socket, key: bytes, session: bytes, rank: int, missing: set[int], deadline: float
+) -> dict[int, socket.socket]:
     """Accept the higher ranks' connections; strays and garbage are dropped and delay nobody.
 
     Every connection is read without blocking, all at once: a stray that sends
@@ -178,15 +181,16 @@ def _accept_peers(listener, key, session, rank, missing, deadline) -> dict:
     send their PEER_HELLO at once, are verified as soon as it arrives.
     """
     frame = wire.HEADER_SIZE + _HELLO_SIZE
-    pending = {}  # socket -> (received bytes, drop-after time), insertion order = age
-    found = {}
+    pending: dict[socket.socket, tuple[bytearray, float]] = {}  # socket -> (received bytes, drop-after time), by age
+    found: dict[int, socket.socket] = {}
+    conn: socket.socket | None
     listener.setblocking(False)
     poller = select.poll()
     try:
         while missing:
             now = time.monotonic()
             if now >= deadline:
-                raise socket.timeout("waiting for higher ranks to connect")
+                raise TimeoutError("waiting for higher ranks to connect")
             for conn in [c for c, (_, limit) in pending.items() if limit <= now]:
                 del pending[conn]
                 conn.close()

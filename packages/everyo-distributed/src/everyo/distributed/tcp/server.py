@@ -19,10 +19,14 @@ import struct
 import threading
 import time
 import warnings
+from typing import TYPE_CHECKING, Any, Literal
 
-from everyo.errors import EveryODistributedError
 from everyo.distributed.tcp import wire
 from everyo.distributed.tcp.rendezvous import _JOIN, _PEER, MAX_ADDRESS, SESSION_BYTES
+from everyo.errors import EveryODistributedError
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 __all__ = ["TCPRendezvousServer"]
 
@@ -61,11 +65,11 @@ class TCPRendezvousServer:
         self,
         host: str = "127.0.0.1",
         port: int = 0,
-        world_size: int = None,
+        world_size: int | None = None,
         *,
-        token=None,
+        token: str | bytes | None = None,
         handshake_timeout: float = 3.0,
-    ):
+    ) -> None:
         if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
             raise ValueError(f"TCPRendezvousServer: world_size must be a positive int, got {world_size!r}")
         self.world_size = world_size
@@ -94,22 +98,23 @@ class TCPRendezvousServer:
             )
         self._wake_read, self._wake_write = socket.socketpair()
         self._lock = threading.Lock()
-        self._members = {}  # rank -> _Member, the round being formed
-        self._handshaking = {}  # connection being checked -> [client address, accepted at, stage]
+        self._members: dict[int, _Member] = {}  # rank -> _Member, the round being formed
+        # connection being checked -> [client address, accepted at, stage]
+        self._handshaking: dict[socket.socket, list[Any]] = {}
         self._closed = False
-        self._aborted = None  # why the launch is misconfigured, once a worker showed it
+        self._aborted: str | None = None  # why the launch is misconfigured, once a worker showed it
         self.groups_formed = 0  # rounds completed (for monitoring and tests)
         self.clients_rejected = 0  # connections dropped: garbage, wrong token, refused joins
         self._thread = threading.Thread(target=self._serve, name=f"everyo-rendezvous-{self.port}", daemon=True)
         self._thread.start()
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"TCPRendezvousServer(host={self.host!r}, port={self.port}, world_size={self.world_size})"
 
-    def __enter__(self):
+    def __enter__(self) -> Self:
         return self
 
-    def __exit__(self, *exc_info):
+    def __exit__(self, *exc_info: object) -> Literal[False]:
         self.close()
         return False
 
@@ -331,7 +336,7 @@ def _is_loopback(address: str) -> bool:
         return False
 
 
-def _alive(sock) -> bool:
+def _alive(sock: socket.socket) -> bool:
     """Whether a waiting member's connection is still open (a worker that retried left a dead one).
 
     A waiting worker sends nothing, so a readable socket means it hung up (or broke the protocol).

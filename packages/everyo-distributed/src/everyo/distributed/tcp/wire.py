@@ -31,10 +31,16 @@ import socket
 import struct
 import sys
 import time
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from everyo.errors import EveryODistributedError
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping
+
+    from everyo._typing import DType
 
 MAGIC = b"EvOD"
 VERSION = 1
@@ -95,7 +101,7 @@ class ProtocolError(EveryODistributedError):
     """A peer sent bytes that are not a valid everyo frame (garbage, wrong version, bad length)."""
 
 
-def resolve_token(token) -> bytes:
+def resolve_token(token: str | bytes | bytearray | None) -> bytes:
     """The HMAC key: ``token`` if given, else ``$EVERYO_DIST_TOKEN``, else ``$EVERYO_TOKEN``, else empty."""
     if token is None:
         token = os.environ.get(TOKEN_ENV) or os.environ.get("EVERYO_TOKEN", "")
@@ -118,11 +124,13 @@ def nonce() -> bytes:
     return os.urandom(NONCE_BYTES)
 
 
-def pack_header(kind, length=0, op=0, dtype=0, root=0, seq=0, count=0) -> bytes:
+def pack_header(
+    kind: int, length: int = 0, op: int = 0, dtype: int = 0, root: int = 0, seq: int = 0, count: int = 0
+) -> bytes:
     return HEADER.pack(MAGIC, VERSION, kind, op, dtype, root, seq, count, length)
 
 
-def unpack_header(raw, who: str):
+def unpack_header(raw: bytes | bytearray | memoryview, who: str) -> tuple[int, int, int, int, int, int, int]:
     """``(kind, op, dtype, root, seq, count, length)``; raises :class:`ProtocolError` on garbage."""
     magic, version, kind, op, dtype, root, seq, count, length = HEADER.unpack(raw)
     if magic != MAGIC:
@@ -140,7 +148,7 @@ def unpack_header(raw, who: str):
     return kind, op, dtype, root, seq, count, length
 
 
-def dtype_code(dtype) -> int:
+def dtype_code(dtype: DType) -> int:
     name = np.dtype(dtype).name
     if name not in DTYPES:
         raise EveryODistributedError(f"dtype {name} cannot be sent by the TCP process group")
@@ -150,11 +158,11 @@ def dtype_code(dtype) -> int:
 # -- blocking frames, for handshakes -------------------------------------------------------
 
 
-def send_frame(sock, kind, payload=b"", **fields) -> None:
+def send_frame(sock: socket.socket, kind: int, payload: bytes | bytearray | memoryview = b"", **fields: int) -> None:
     sock.sendall(pack_header(kind, len(payload), **fields) + bytes(payload))
 
 
-def send_error(sock, message: str) -> None:
+def send_error(sock: socket.socket, message: str) -> None:
     """Best effort: tell the other side why we are hanging up."""
     try:
         sock.settimeout(1.0)
@@ -163,13 +171,13 @@ def send_error(sock, message: str) -> None:
         pass
 
 
-def _recv_exactly(sock, size: int, deadline: float, who: str, what: str) -> bytearray:
+def _recv_exactly(sock: socket.socket, size: int, deadline: float, who: str, what: str) -> bytearray:
     buf = bytearray(size)
     view, got = memoryview(buf), 0
     while got < size:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
-            raise socket.timeout(f"timed out waiting for {who} during {what}")
+            raise TimeoutError(f"timed out waiting for {who} during {what}")
         sock.settimeout(remaining)
         n = sock.recv_into(view[got:])
         if n == 0:
@@ -178,7 +186,14 @@ def _recv_exactly(sock, size: int, deadline: float, who: str, what: str) -> byte
     return buf
 
 
-def recv_frame(sock, expect: tuple, deadline: float, who: str, what: str, max_length=MAX_CONTROL_BYTES):
+def recv_frame(
+    sock: socket.socket,
+    expect: tuple[int, ...],
+    deadline: float,
+    who: str,
+    what: str,
+    max_length: int = MAX_CONTROL_BYTES,
+) -> tuple[int, bytes]:
     """Read one control frame of a kind in ``expect``; return ``(kind, payload)``.
 
     An ERROR frame from the other side is raised as :class:`EveryODistributedError`
@@ -200,7 +215,7 @@ def recv_frame(sock, expect: tuple, deadline: float, who: str, what: str, max_le
     return kind, payload
 
 
-def tune_socket(sock) -> None:
+def tune_socket(sock: socket.socket) -> None:
     """Small frames go out at once (no Nagle delay); buffers are left to Linux's autotuning,
     which on loopback and LANs grows them past what SO_SNDBUF may be set to without privileges."""
     if sock.family in (socket.AF_INET, socket.AF_INET6):
@@ -226,9 +241,11 @@ class Outgoing:
 
     __slots__ = ("peer", "views", "ready")
 
-    def __init__(self, peer, header: bytes, payload, ready=True):
+    def __init__(self, peer: int, header: bytes, payload: bytes | memoryview, ready: bool = True) -> None:
         self.peer, self.ready = peer, ready
-        self.views = [memoryview(header)] + ([payload] if len(payload) else [])
+        self.views: list[bytes | memoryview] = [memoryview(header)]
+        if len(payload):
+            self.views.append(payload)
 
 
 class Incoming:
@@ -240,7 +257,13 @@ class Incoming:
 
     __slots__ = ("peer", "header", "header_view", "got_header", "payload", "got", "check", "on_done")
 
-    def __init__(self, peer, payload, check, on_done=None):
+    def __init__(
+        self,
+        peer: int,
+        payload: memoryview,
+        check: Callable[[tuple[int, int, int, int, int, int, int]], None],
+        on_done: Callable[[], object] | None = None,
+    ) -> None:
         self.peer, self.payload, self.check, self.on_done = peer, payload, check, on_done
         self.header = bytearray(HEADER_SIZE)
         self.header_view = memoryview(self.header)
@@ -255,7 +278,7 @@ def _queues(frames):
     return queues
 
 
-def _send_some(sock, out) -> bool:
+def _send_some(sock: socket.socket, out: Outgoing) -> bool:
     """Send what the socket takes now; True once the whole frame is out."""
     sent = sock.sendmsg(out.views)
     views = out.views
@@ -269,7 +292,7 @@ def _send_some(sock, out) -> bool:
     return not views
 
 
-def _recv_some(sock, inc, who) -> bool:
+def _recv_some(sock: socket.socket, inc: Incoming, who: str) -> bool:
     """Receive what has arrived; True once the whole frame is in. Checks the header as soon as it is complete."""
     if inc.got_header < HEADER_SIZE:
         n = sock.recv_into(inc.header_view[inc.got_header :])
@@ -294,7 +317,14 @@ def _recv_some(sock, inc, who) -> bool:
     return inc.got == len(inc.payload)
 
 
-def transfer(socks: dict, outgoing: list, incoming: list, deadline: float, on_timeout, who_is):
+def transfer(
+    socks: Mapping[int, socket.socket],
+    outgoing: list[Outgoing],
+    incoming: list[Incoming],
+    deadline: float,
+    on_timeout: Callable[[list[int]], BaseException],
+    who_is: Callable[[int], str],
+) -> None:
     """Send every :class:`Outgoing` and receive every :class:`Incoming`, all at once.
 
     ``socks`` maps peer rank -> non-blocking socket. Frames to (or from) the
@@ -307,7 +337,7 @@ def transfer(socks: dict, outgoing: list, incoming: list, deadline: float, on_ti
     """
     sends, recvs = _queues(outgoing), _queues(incoming)
     poller = select.poll()
-    registered = {}
+    registered: dict[int, int] = {}
     while sends or recvs:
         progressed = False
         for peer in list(sends):
