@@ -38,6 +38,7 @@ if TYPE_CHECKING:
 
 _U32 = np.uint32
 _F32 = np.float32
+_F16 = np.dtype(np.float16)
 _SMALL = 256  # at or below this many elements, NumPy's own astype is cheaper
 
 
@@ -240,7 +241,7 @@ class Rounded:
 
     __slots__ = ("f32", "dtype")
 
-    def __init__(self, f32: FloatArray, dtype: np.dtype[Any] = np.dtype(np.float16)) -> None:
+    def __init__(self, f32: FloatArray, dtype: np.dtype[Any] = _F16) -> None:
         self.f32 = f32
         self.dtype = dtype
 
@@ -263,7 +264,7 @@ class Rounded:
         return _exact_to_bfloat16(self.f32, self.dtype)
 
 
-def _rounded(x, dtype=np.dtype(np.float16)):
+def _rounded(x, dtype=_F16):
     """The 16-bit rounding of float32 ``x``, kept in float32 (see :class:`Rounded`)."""
     if dtype == np.float16:
         return Rounded(_round_to_half(x))
