@@ -6,7 +6,10 @@ and backward, so the result is the correctly computed value rounded, not the
 product of many float16 roundings; float32 and float64 run in their own dtype.
 """
 
+from __future__ import annotations
+
 import math
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -14,6 +17,9 @@ from everyo.dispatch import primitive
 from everyo.functional import _t
 from everyo.half import _float_to_half, _half_to_float, _rounded, _up, takes_rounded
 from everyo.tensor import Tensor
+
+if TYPE_CHECKING:
+    from everyo._typing import TensorLike
 
 __all__ = ["gelu", "silu", "leaky_relu", "elu", "softplus"]
 
@@ -128,7 +134,7 @@ def _normal_cdf(x):
 
 
 @primitive("gelu", kind="elementwise")
-def gelu(a, approximate="none"):
+def gelu(a: TensorLike, approximate: str = "none") -> Tensor:
     """Gaussian error linear unit ``x * Phi(x)``.
 
     Args:
@@ -144,14 +150,14 @@ def gelu(a, approximate="none"):
         # 0.5 (1 + tanh(u)) is sigmoid(2u): the same function without the
         # cancellation in 1 + tanh(u) for negative u, so small outputs keep
         # their relative precision (1 - tanh(u)^2 is 4 s (1 - s) likewise).
-        def forward(x):
+        def tanh_forward(x):
             s = _sigmoid(2 * _SQRT_2_OVER_PI * (x + 0.044715 * x * x * x))
             return x * s, s
 
-        def derivative(x, out, s):
+        def tanh_derivative(x, out, s):
             return s + x * (2 * s * (1 - s)) * _SQRT_2_OVER_PI * (1 + 3 * 0.044715 * x * x)
 
-        return _unary(a, forward, derivative)
+        return _unary(a, tanh_forward, tanh_derivative)
     if approximate != "none":
         raise ValueError(f"gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
 
@@ -166,7 +172,7 @@ def gelu(a, approximate="none"):
 
 
 @primitive("silu", kind="elementwise")
-def silu(a):
+def silu(a: TensorLike) -> Tensor:
     """Sigmoid linear unit (swish) ``x * sigmoid(x)``."""
 
     def forward(x):
@@ -177,7 +183,7 @@ def silu(a):
 
 
 @primitive("leaky_relu", kind="elementwise")
-def leaky_relu(a, negative_slope=0.01):
+def leaky_relu(a: TensorLike, negative_slope: float = 0.01) -> Tensor:
     """``x`` where ``x > 0``, else ``negative_slope * x`` (PyTorch's default slope 0.01).
     At 0 the gradient is ``negative_slope``, as in PyTorch."""
     slope = float(negative_slope)
@@ -190,7 +196,7 @@ def leaky_relu(a, negative_slope=0.01):
 
 
 @primitive("elu", kind="elementwise")
-def elu(a, alpha=1.0):
+def elu(a: TensorLike, alpha: float = 1.0) -> Tensor:
     """``x`` where ``x > 0``, else ``alpha * (exp(x) - 1)``."""
     alpha = float(alpha)
 
@@ -203,7 +209,7 @@ def elu(a, alpha=1.0):
 
 
 @primitive("softplus", kind="elementwise")
-def softplus(a, beta=1.0, threshold=20.0):
+def softplus(a: TensorLike, beta: float = 1.0, threshold: float = 20.0) -> Tensor:
     """``log(1 + exp(beta x)) / beta``, computed stably; where ``beta x >
     threshold`` it is ``x`` (PyTorch's rule, the difference is below 2e-9 relative)."""
     beta, threshold = float(beta), float(threshold)

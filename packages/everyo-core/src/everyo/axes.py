@@ -9,10 +9,21 @@ Errors are :class:`~everyo.errors.EveryOShapeError` naming the op, the axis,
 the rank and the shape.
 """
 
+from __future__ import annotations
+
+import operator
+from typing import TYPE_CHECKING
+
 from numpy.exceptions import AxisError
 from numpy.lib.array_utils import normalize_axis_tuple
 
 from everyo.errors import EveryOShapeError
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+    from typing import SupportsIndex
+
+    from everyo._typing import Axis, Shape
 
 __all__ = ["normalize_axis", "normalize_axes", "check_permutation"]
 
@@ -31,7 +42,7 @@ def _out_of_range(op, axis, shape, ndim):
     )
 
 
-def normalize_axis(axis, shape, op, *, extra=0):
+def normalize_axis(axis: SupportsIndex, shape: Shape, op: str, *, extra: int = 0) -> int:
     """``axis`` as a non-negative int, checked against ``len(shape) + extra``
     (``extra=1`` for ops that insert an axis, like ``stack``).
 
@@ -44,7 +55,7 @@ def normalize_axis(axis, shape, op, *, extra=0):
     if type(axis) is int and -ndim <= axis < ndim:  # the common case, without NumPy's overhead
         return axis + ndim if axis < 0 else axis
     try:
-        (result,) = normalize_axis_tuple(axis, ndim)
+        (result,) = normalize_axis_tuple(operator.index(axis), ndim)
     except AxisError:
         raise _out_of_range(op, axis, shape, ndim) from None
     except (TypeError, ValueError):
@@ -52,7 +63,7 @@ def normalize_axis(axis, shape, op, *, extra=0):
     return result
 
 
-def normalize_axes(axis, shape, op):
+def normalize_axes(axis: Axis, shape: Shape, op: str) -> tuple[int, ...]:
     """``axis`` (None, an int or a sequence of ints) as a sorted tuple of
     non-negative axes; None means every axis.
 
@@ -77,7 +88,7 @@ def normalize_axes(axis, shape, op):
     return tuple(sorted(axes))
 
 
-def check_permutation(axes, shape, op):
+def check_permutation(axes: Sequence[SupportsIndex], shape: Shape, op: str) -> tuple[int, ...]:
     """``axes`` as a tuple that permutes every axis of ``shape`` exactly once."""
     ndim = len(shape)
     if len(axes) != ndim:

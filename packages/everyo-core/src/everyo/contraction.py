@@ -6,12 +6,19 @@ Letters that appear only in operand ``i`` (summed away by the forward) are
 broadcast back. Runs in float16 under autocast, like matmul.
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from everyo.dispatch import LOW_PRECISION, primitive
 from everyo.errors import EveryOShapeError
 from everyo.functional import _t
 from everyo.tensor import Tensor
+
+if TYPE_CHECKING:
+    from everyo._typing import TensorLike
 
 __all__ = ["einsum"]
 
@@ -43,7 +50,7 @@ def _parse(subscripts, operands):
 
 
 @primitive("einsum", LOW_PRECISION, kind="matmul", inputs=("*operands",))
-def einsum(subscripts, *operands):
+def einsum(subscripts: str, *operands: TensorLike) -> Tensor:
     """Einstein summation, as ``numpy.einsum`` (explicit ``'ij,jk->ik'`` or
     implicit ``'ij,jk'``). Ellipsis and repeated letters within one operand
     are not supported.
@@ -53,9 +60,9 @@ def einsum(subscripts, *operands):
         >>> eo.einsum("ij,jk->ik", a, b).shape
         (2, 4)
     """
-    operands = [_t(t) for t in operands]
-    terms, output = _parse(subscripts, operands)
-    datas = [t.data for t in operands]
+    tensors = [_t(t) for t in operands]
+    terms, output = _parse(subscripts, tensors)
+    datas = [t.data for t in tensors]
     half = all(d.dtype == np.float16 for d in datas)
     # NumPy's float16 einsum is a slow loop without BLAS: contract in float32, round once.
     work = [d.astype(np.float32) for d in datas] if half else datas
@@ -65,7 +72,7 @@ def einsum(subscripts, *operands):
     def backward(g):
         g = g.astype(np.float32) if half else g
         grads = []
-        for i, (t, term) in enumerate(zip(operands, terms)):
+        for i, (t, term) in enumerate(zip(tensors, terms)):
             if not t.requires_grad:
                 grads.append(None)
                 continue
@@ -80,4 +87,4 @@ def einsum(subscripts, *operands):
             grads.append(grad.astype(np.float16) if half else grad)
         return tuple(grads)
 
-    return Tensor._from_op(out, tuple(operands), backward)
+    return Tensor._from_op(out, tuple(tensors), backward)

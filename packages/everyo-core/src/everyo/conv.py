@@ -6,6 +6,10 @@ backward scatters columns back with a loop over kernel offsets (kh * kw
 iterations), never over pixels.
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
@@ -15,6 +19,12 @@ from everyo.functional import _mm, _t, reshape
 from everyo.half import Rounded, _down, _exact_down, _rounded, _up, is_low_precision, takes_rounded
 from everyo.padding import _pair, output_size, resolve_padding2d
 from everyo.tensor import Tensor
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from everyo._typing import TensorLike
+    from everyo.padding import Padding2d
 
 __all__ = ["conv1d", "conv2d", "max_pool2d", "avg_pool2d"]
 
@@ -187,7 +197,15 @@ def _resolve_pool(inputs, attrs):
 
 
 @primitive("conv2d", LOW_PRECISION, kind="conv", inputs=("x", "weight", "bias"), resolve=_resolve_conv)
-def conv2d(x, weight, bias=None, stride=1, padding="valid", dilation=1, groups=1):
+def conv2d(
+    x: TensorLike,
+    weight: Tensor,
+    bias: Tensor | None = None,
+    stride: int | Sequence[int] = 1,
+    padding: Padding2d = "valid",
+    dilation: int | Sequence[int] = 1,
+    groups: int = 1,
+) -> Tensor:
     """NHWC convolution (cross-correlation, like every framework).
 
     Args:
@@ -296,7 +314,15 @@ def _resolve_conv1d(inputs, attrs):
 
 
 @primitive("conv1d", LOW_PRECISION, kind="conv", inputs=("x", "weight", "bias"), resolve=_resolve_conv1d)
-def conv1d(x, weight, bias=None, stride=1, padding="valid", dilation=1, groups=1):
+def conv1d(
+    x: TensorLike,
+    weight: Tensor,
+    bias: Tensor | None = None,
+    stride: int = 1,
+    padding: str | int | Sequence[int] = "valid",
+    dilation: int = 1,
+    groups: int = 1,
+) -> Tensor:
     """Channels-last 1-D convolution (Keras's Conv1D layout).
 
     Args:
@@ -333,7 +359,12 @@ def conv1d(x, weight, bias=None, stride=1, padding="valid", dilation=1, groups=1
 
 
 @primitive("max_pool2d", kind="pool", resolve=_resolve_pool)
-def max_pool2d(x, pool_size=2, stride=None, padding="valid"):
+def max_pool2d(
+    x: TensorLike,
+    pool_size: int | Sequence[int] = 2,
+    stride: int | Sequence[int] | None = None,
+    padding: Padding2d = "valid",
+) -> Tensor:
     """Max over windows; the gradient goes to the (first) maximum of each window."""
     x = _t(x)
     xd = x.data
@@ -395,7 +426,12 @@ def max_pool2d(x, pool_size=2, stride=None, padding="valid"):
 
 
 @primitive("avg_pool2d", kind="pool", resolve=_resolve_pool)
-def avg_pool2d(x, pool_size=2, stride=None, padding="valid"):
+def avg_pool2d(
+    x: TensorLike,
+    pool_size: int | Sequence[int] = 2,
+    stride: int | Sequence[int] | None = None,
+    padding: Padding2d = "valid",
+) -> Tensor:
     """Mean over windows. With 'same' padding, padded cells are not counted
     (TensorFlow's rule, ONNX ``count_include_pad=0``)."""
     x = _t(x)

@@ -6,6 +6,10 @@ scatter (a loop over kernel offsets) that conv2d's backward uses. Its backward
 is conv2d's forward: a window view of the output gradient and one matmul.
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from everyo.conv import _scatter_windows, _windows
@@ -16,10 +20,26 @@ from everyo.half import _float_to_half, _half_to_float, _rounded, _up, takes_rou
 from everyo.padding import _pair, same_padding_1d
 from everyo.tensor import Tensor
 
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+    from typing import Any, TypeAlias
+
+    from everyo._typing import TensorLike
+    from everyo.padding import Padding2d
+
+    _Pair: TypeAlias = tuple[int, int]
+
 __all__ = ["conv_transpose2d", "conv_transpose2d_geometry"]
 
 
-def conv_transpose2d_geometry(in_hw, kernel, stride=1, padding="valid", output_padding=0, dilation=1):
+def conv_transpose2d_geometry(
+    in_hw: Sequence[int],
+    kernel: int | Sequence[int],
+    stride: int | Sequence[int] = 1,
+    padding: Padding2d = "valid",
+    output_padding: int | Sequence[int] = 0,
+    dilation: int | Sequence[int] = 1,
+) -> tuple[_Pair, _Pair, _Pair, tuple[tuple[int, ...], ...], tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
     """Explicit crops ``((top, bottom), (left, right))`` and the output size.
 
     ``padding``: ``'valid'`` (nothing cropped: output ``(H - 1) * stride +
@@ -30,7 +50,8 @@ def conv_transpose2d_geometry(in_hw, kernel, stride=1, padding="valid", output_p
     among the input sizes a strided conv2d maps to the same output size).
     """
     kernel, stride, dilation = _pair(kernel, "kernel_size"), _pair(stride, "stride"), _pair(dilation, "dilation")
-    extra = _pair(output_padding, "output_padding")
+    extra: tuple[int, ...] = _pair(output_padding, "output_padding")
+    crops: tuple[tuple[int, ...], ...]
     span = tuple(d * (k - 1) + 1 for k, d in zip(kernel, dilation))
     full = tuple((n - 1) * s + sp for n, s, sp in zip(in_hw, stride, span))
     if isinstance(padding, str):
@@ -48,11 +69,11 @@ def conv_transpose2d_geometry(in_hw, kernel, stride=1, padding="valid", output_p
     elif isinstance(padding, int):
         crops = ((padding, padding), (padding, padding))
     else:
-        padding = tuple(padding)
-        if all(isinstance(p, int) for p in padding):
-            crops = ((padding[0], padding[0]), (padding[1], padding[1]))
+        pads: tuple[Any, ...] = tuple(padding)
+        if all(isinstance(p, int) for p in pads):
+            crops = ((pads[0], pads[0]), (pads[1], pads[1]))
         else:
-            crops = tuple(tuple(int(v) for v in p) for p in padding)
+            crops = tuple(tuple(int(v) for v in p) for p in pads)
     out_hw = tuple(f - c[0] - c[1] + e for f, c, e in zip(full, crops, extra))
     return kernel, stride, dilation, crops, extra, full, out_hw
 
@@ -74,7 +95,15 @@ def _resolve(inputs, attrs):
 
 
 @primitive("conv_transpose2d", LOW_PRECISION, kind="conv", inputs=("x", "weight", "bias"), resolve=_resolve)
-def conv_transpose2d(x, weight, bias=None, stride=1, padding="valid", output_padding=0, dilation=1):
+def conv_transpose2d(
+    x: TensorLike,
+    weight: Tensor,
+    bias: Tensor | None = None,
+    stride: int | Sequence[int] = 1,
+    padding: Padding2d = "valid",
+    output_padding: int | Sequence[int] = 0,
+    dilation: int | Sequence[int] = 1,
+) -> Tensor:
     """Transposed convolution ("deconvolution"), NHWC.
 
     Args:

@@ -1,10 +1,17 @@
 """More elementwise ops: ``maximum``, ``minimum`` (of two tensors), ``sin``, ``cos``."""
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from everyo.dispatch import primitive
 from everyo.functional import _operands, _t, unbroadcast
 from everyo.tensor import Tensor
+
+if TYPE_CHECKING:
+    from everyo._typing import TensorLike
 
 __all__ = ["maximum", "minimum", "sin", "cos"]
 
@@ -28,7 +35,7 @@ def _pick(a, b, ufunc, wins):
 
 
 @primitive("maximum", kind="elementwise", inputs=("a", "b"))
-def maximum(a, b):
+def maximum(a: TensorLike, b: TensorLike) -> Tensor:
     """Elementwise larger of ``a`` and ``b`` (broadcasting; NaN propagates).
 
     Examples:
@@ -39,13 +46,13 @@ def maximum(a, b):
 
 
 @primitive("minimum", kind="elementwise", inputs=("a", "b"))
-def minimum(a, b):
+def minimum(a: TensorLike, b: TensorLike) -> Tensor:
     """Elementwise smaller of ``a`` and ``b`` (broadcasting; NaN propagates)."""
     return _pick(a, b, np.minimum, np.less)
 
 
 @primitive("sin", kind="elementwise")
-def sin(a):
+def sin(a: TensorLike) -> Tensor:
     """Elementwise sine (radians)."""
     a = _t(a)
     x = a.data
@@ -53,7 +60,7 @@ def sin(a):
 
 
 @primitive("cos", kind="elementwise")
-def cos(a):
+def cos(a: TensorLike) -> Tensor:
     """Elementwise cosine (radians)."""
     a = _t(a)
     x = a.data

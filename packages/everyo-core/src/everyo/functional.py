@@ -6,15 +6,30 @@ registered in the op table (:mod:`everyo.dispatch`) with its precision
 category, which routes its operands through the precision policy.
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from everyo.axes import check_permutation, normalize_axes, normalize_axis
+from everyo.casting import convert as _convert
 from everyo.dispatch import FLOAT32, LOW_PRECISION, primitive
 from everyo.errors import EveryOShapeError
-from everyo.casting import convert as _convert
 from everyo.half import Rounded, _down, _rounded, _up, is_low_precision, takes_rounded
 from everyo.random import default_generator
 from everyo.tensor import Tensor
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
+    from types import EllipsisType
+    from typing import Any, TypeAlias
+
+    from everyo._typing import Array, Axis, DType, Shape, TensorLike
+
+    #: What ``tensor[index]`` accepts, as NumPy indexing does: ints, slices,
+    #: ``None``, ``...``, integer or boolean arrays (or Tensors), or a tuple of those.
+    Index: TypeAlias = int | slice | EllipsisType | None | TensorLike | tuple[Any, ...]
 
 __all__ = [
     "add",
@@ -51,7 +66,7 @@ __all__ = [
 ]
 
 
-def _t(x, like=None):
+def _t(x: TensorLike, like: Tensor | None = None) -> Tensor:
     """Wrap a non-Tensor operand as a constant. Python scalars stay weakly
     typed, as in NumPy: ``float16 * 2.0`` stays float16, but ``int + 2.5``
     is a float (not ``int + 2``)."""
@@ -62,13 +77,13 @@ def _t(x, like=None):
     return Tensor(x)
 
 
-def _operands(a, b):
+def _operands(a: TensorLike, b: TensorLike) -> tuple[Tensor, Tensor]:
     """Both operands of a binary op as Tensors; a Python number takes the
     other operand's dtype (so ``float16_tensor * 2.0`` stays float16)."""
     return _t(a, b if isinstance(b, Tensor) else None), _t(b, a if isinstance(a, Tensor) else None)
 
 
-def unbroadcast(grad, shape):
+def unbroadcast(grad: Array, shape: Shape) -> Array:
     """Sum ``grad`` down to ``shape``: the backward of NumPy broadcasting."""
     if grad.shape == shape:
         return grad
@@ -83,7 +98,7 @@ def unbroadcast(grad, shape):
 
 # --- arithmetic ----------------------------------------------------------
 @primitive("add", kind="elementwise", inputs=("a", "b"))
-def add(a, b):
+def add(a: TensorLike, b: TensorLike) -> Tensor:
     """``a + b`` with NumPy broadcasting; each gradient is summed back to its operand's shape."""
     a, b = _operands(a, b)
     sa, sb = a.data.shape, b.data.shape
@@ -95,7 +110,7 @@ def add(a, b):
 
 
 @primitive("sub", kind="elementwise", inputs=("a", "b"))
-def sub(a, b):
+def sub(a: TensorLike, b: TensorLike) -> Tensor:
     """``a - b`` with NumPy broadcasting."""
     a, b = _operands(a, b)
     sa, sb = a.data.shape, b.data.shape
@@ -107,7 +122,7 @@ def sub(a, b):
 
 
 @primitive("mul", kind="elementwise", inputs=("a", "b"))
-def mul(a, b):
+def mul(a: TensorLike, b: TensorLike) -> Tensor:
     """``a * b`` with NumPy broadcasting."""
     a, b = _operands(a, b)
 
@@ -120,7 +135,7 @@ def mul(a, b):
 
 
 @primitive("div", kind="elementwise", inputs=("a", "b"))
-def div(a, b):
+def div(a: TensorLike, b: TensorLike) -> Tensor:
     """``a / b`` with NumPy broadcasting."""
     a, b = _operands(a, b)
 
@@ -133,13 +148,13 @@ def div(a, b):
 
 
 @primitive("neg", kind="elementwise")
-def neg(a):
+def neg(a: Tensor) -> Tensor:
     """``-a`` elementwise."""
     return Tensor._from_op(-a.data, (a,), lambda g: (-g,))
 
 
 @primitive("pow", FLOAT32, kind="elementwise", inputs=("a", "exponent"))
-def pow(a, exponent):
+def pow(a: TensorLike, exponent: TensorLike) -> Tensor:
     """``a ** exponent`` (exponent a number, an array or a Tensor; ``2 ** x``
     works too); runs in float32 under autocast. The exponent's gradient
     ``a ** b * log(a)`` is taken as 0 where ``a`` is 0."""
@@ -184,7 +199,7 @@ def _mm(x, y):
 
 
 @primitive("matmul", LOW_PRECISION, kind="matmul", inputs=("a", "b"))
-def matmul(a, b):
+def matmul(a: TensorLike, b: TensorLike) -> Tensor:
     """Matrix product with NumPy's broadcasting rules (1-D operands allowed)."""
     a, b = _t(a), _t(b)
     x, y = a.data, b.data
@@ -211,7 +226,7 @@ def matmul(a, b):
 
 
 @primitive("linear", LOW_PRECISION, kind="matmul", inputs=("x", "weight", "bias"))
-def linear(x, weight, bias=None):
+def linear(x: TensorLike, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """``x @ weight + bias`` as one op; ``weight`` is (in, out) (Keras layout).
 
     Leading axes of ``x`` are flattened into one batch axis so the product is a
@@ -286,7 +301,7 @@ def _expand(g, shape, axes, keepdims):
 
 
 @primitive("sum", FLOAT32, kind="reduction")
-def sum(a, axis=None, keepdims=False):
+def sum(a: TensorLike, axis: Axis = None, keepdims: bool = False) -> Tensor:
     """The sum over ``axis`` (all axes when ``None``), keeping the reduced axes as 1 if ``keepdims``."""
     a = _t(a)
     shape, axes = a.data.shape, _axes(axis, a.data.shape, "sum")
@@ -295,7 +310,7 @@ def sum(a, axis=None, keepdims=False):
 
 
 @primitive("mean", FLOAT32, kind="reduction")
-def mean(a, axis=None, keepdims=False):
+def mean(a: TensorLike, axis: Axis = None, keepdims: bool = False) -> Tensor:
     """The mean over ``axis`` (all axes when ``None``), keeping the reduced axes as 1 if ``keepdims``."""
     a = _t(a)
     shape, axes = a.data.shape, _axes(axis, a.data.shape, "mean")
@@ -305,7 +320,7 @@ def mean(a, axis=None, keepdims=False):
 
 
 @primitive("var", FLOAT32, kind="reduction")
-def var(a, axis=None, keepdims=False, ddof=0):
+def var(a: TensorLike, axis: Axis = None, keepdims: bool = False, ddof: float = 0) -> Tensor:
     """Variance (``ddof=0``: the biased estimate, like NumPy)."""
     a = _t(a)
     x = a.data
@@ -337,20 +352,20 @@ def _extreme(a, axis, keepdims, reducer, op):
 
 
 @primitive("max", kind="reduction")
-def max(a, axis=None, keepdims=False):
+def max(a: TensorLike, axis: Axis = None, keepdims: bool = False) -> Tensor:
     """The maximum over ``axis`` (all axes when ``None``); the gradient goes to the maximal entries."""
     return _extreme(a, axis, keepdims, np.max, "max")
 
 
 @primitive("min", kind="reduction")
-def min(a, axis=None, keepdims=False):
+def min(a: TensorLike, axis: Axis = None, keepdims: bool = False) -> Tensor:
     """The minimum over ``axis`` (all axes when ``None``); the gradient goes to the minimal entries."""
     return _extreme(a, axis, keepdims, np.min, "min")
 
 
 # --- elementwise ----------------------------------------------------------
 @primitive("exp", FLOAT32, kind="elementwise")
-def exp(a):
+def exp(a: TensorLike) -> Tensor:
     """``e ** a`` elementwise."""
     a = _t(a)
     out = np.exp(a.data)
@@ -358,7 +373,7 @@ def exp(a):
 
 
 @primitive("log", FLOAT32, kind="elementwise")
-def log(a):
+def log(a: TensorLike) -> Tensor:
     """Natural logarithm elementwise."""
     a = _t(a)
     x = a.data
@@ -366,7 +381,7 @@ def log(a):
 
 
 @primitive("sqrt", kind="elementwise")
-def sqrt(a):
+def sqrt(a: TensorLike) -> Tensor:
     """Square root elementwise."""
     a = _t(a)
     out = np.sqrt(a.data)
@@ -374,7 +389,7 @@ def sqrt(a):
 
 
 @primitive("abs", kind="elementwise")
-def abs(a):
+def abs(a: TensorLike) -> Tensor:
     """``|a|`` elementwise (the gradient at 0 is 0)."""
     a = _t(a)
     x = a.data
@@ -382,7 +397,7 @@ def abs(a):
 
 
 @primitive("clip", kind="elementwise")
-def clip(a, min=None, max=None):
+def clip(a: TensorLike, min: float | None = None, max: float | None = None) -> Tensor:
     """``a`` limited to ``[min, max]`` (either bound may be ``None``); the gradient is 0 where clipped."""
     a = _t(a)
     x = a.data
@@ -400,7 +415,7 @@ def clip(a, min=None, max=None):
 
 
 @primitive("tanh", kind="elementwise")
-def tanh(a):
+def tanh(a: TensorLike) -> Tensor:
     """``tanh(a)`` elementwise."""
     a = _t(a)
     out = np.tanh(a.data)
@@ -408,7 +423,7 @@ def tanh(a):
 
 
 @primitive("sigmoid", kind="elementwise")
-def sigmoid(a):
+def sigmoid(a: TensorLike) -> Tensor:
     """``1 / (1 + exp(-a))`` elementwise."""
     a = _t(a)
     # exp(-log(1 + exp(-x))) never overflows, for either sign of x.
@@ -417,7 +432,7 @@ def sigmoid(a):
 
 
 @primitive("relu", kind="elementwise")
-def relu(a):
+def relu(a: TensorLike) -> Tensor:
     """``max(a, 0)`` elementwise."""
     a = _t(a)
     if is_low_precision(a.data.dtype):
@@ -467,7 +482,7 @@ def _relu_half(a):
 
 
 @primitive("softmax", FLOAT32, kind="reduction", inputs=("a", "blocked"))
-def softmax(a, axis=-1, blocked=None):
+def softmax(a: TensorLike, axis: int = -1, blocked: TensorLike | None = None) -> Tensor:
     """Numerically stable softmax (the maximum is subtracted first).
 
     ``blocked`` (optional) is a boolean array broadcastable to ``a``: those
@@ -493,7 +508,7 @@ def softmax(a, axis=-1, blocked=None):
 
 
 @primitive("log_softmax", FLOAT32, kind="reduction")
-def log_softmax(a, axis=-1):
+def log_softmax(a: TensorLike, axis: int = -1) -> Tensor:
     """Numerically stable ``log(softmax(a))`` via the log-sum-exp trick."""
     a = _t(a)
     axis = normalize_axis(axis, a.data.shape, "log_softmax")
@@ -523,7 +538,7 @@ def _resolve_transpose(inputs, attrs):
 
 
 @primitive("reshape", kind="shape", resolve=_resolve_reshape)
-def reshape(a, *shape):
+def reshape(a: TensorLike, *shape: int | Sequence[int]) -> Tensor:
     """``a`` with a new shape (one entry may be ``-1``), as ``np.reshape``."""
     if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
         shape = tuple(shape[0])
@@ -539,7 +554,7 @@ def reshape(a, *shape):
 
 
 @primitive("flatten", kind="shape")
-def flatten(a, start_axis=1):
+def flatten(a: TensorLike, start_axis: int = 1) -> Tensor:
     """Merge the axes from ``start_axis`` (default 1, keeping the batch axis) into one."""
     a = _t(a)
     start_axis = normalize_axis(start_axis, a.data.shape, "flatten")
@@ -547,17 +562,18 @@ def flatten(a, start_axis=1):
 
 
 @primitive("transpose", kind="shape", resolve=_resolve_transpose)
-def transpose(a, *axes):
+def transpose(a: TensorLike, *axes: int | Sequence[int]) -> Tensor:
     """``a`` with its axes permuted (reversed when no axes are given), as ``np.transpose``."""
     if len(axes) == 1 and isinstance(axes[0], (tuple, list)):
         axes = tuple(axes[0])
     a = _t(a)
     if not axes:
-        axes = tuple(reversed(range(a.data.ndim)))
+        order = tuple(reversed(range(a.data.ndim)))
     else:
-        axes = check_permutation(axes, a.data.shape, "transpose")
-    inverse = tuple(np.argsort(axes))
-    return Tensor._from_op(a.data.transpose(axes), (a,), lambda g: (g.transpose(inverse),))
+        # ints once a single sequence is unpacked above; check_permutation rejects anything else
+        order = check_permutation(axes, a.data.shape, "transpose")  # type: ignore[arg-type]
+    inverse = tuple(np.argsort(order))
+    return Tensor._from_op(a.data.transpose(order), (a,), lambda g: (g.transpose(inverse),))
 
 
 def _is_advanced(index):
@@ -566,20 +582,21 @@ def _is_advanced(index):
 
 
 @primitive("getitem", kind="indexing")
-def getitem(a, index):
+def getitem(a: Tensor, index: Index) -> Tensor:
+    key: Any = index  # what NumPy is indexed with: Tensors replaced by their arrays
     if isinstance(index, Tensor):
-        index = index.data
+        key = index.data
     elif isinstance(index, tuple):
-        index = tuple(i.data if isinstance(i, Tensor) else i for i in index)
+        key = tuple(i.data if isinstance(i, Tensor) else i for i in index)
     x = a.data
-    out = x[index]
+    out = x[key]
 
     def backward(g):
         full = np.zeros(x.shape, dtype=g.dtype)
-        if _is_advanced(index):
-            np.add.at(full, index, g)  # repeated indices accumulate
+        if _is_advanced(key):
+            np.add.at(full, key, g)  # repeated indices accumulate
         else:
-            full[index] = g
+            full[key] = g
         return (full,)
 
     return Tensor._from_op(np.asarray(out), (a,), backward)
@@ -609,28 +626,28 @@ def _check_joinable(tensors, axis, op):
 
 
 @primitive("concatenate", kind="shape", inputs=("*tensors",))
-def concatenate(tensors, axis=0):
+def concatenate(tensors: Sequence[TensorLike], axis: int = 0) -> Tensor:
     """Join a sequence of Tensors along an existing ``axis``; the gradient is split back."""
-    tensors = [_t(t) for t in tensors]
-    axis = _check_joinable(tensors, axis, "concatenate")
-    sizes = [t.data.shape[axis] for t in tensors]
-    out = np.concatenate([t.data for t in tensors], axis=axis)
+    parts = [_t(t) for t in tensors]
+    axis = _check_joinable(parts, axis, "concatenate")
+    sizes = [t.data.shape[axis] for t in parts]
+    out = np.concatenate([t.data for t in parts], axis=axis)
     bounds = np.cumsum(sizes)[:-1]
-    return Tensor._from_op(out, tuple(tensors), lambda g: tuple(np.split(g, bounds, axis=axis)))
+    return Tensor._from_op(out, tuple(parts), lambda g: tuple(np.split(g, bounds, axis=axis)))
 
 
 @primitive("stack", kind="shape", inputs=("*tensors",))
-def stack(tensors, axis=0):
+def stack(tensors: Sequence[TensorLike], axis: int = 0) -> Tensor:
     """Join a sequence of same-shaped Tensors along a new ``axis``."""
-    tensors = [_t(t) for t in tensors]
-    axis = _check_joinable(tensors, axis, "stack")
-    out = np.stack([t.data for t in tensors], axis=axis)
-    n = len(tensors)
-    return Tensor._from_op(out, tuple(tensors), lambda g: tuple(np.take(g, i, axis=axis) for i in range(n)))
+    parts = [_t(t) for t in tensors]
+    axis = _check_joinable(parts, axis, "stack")
+    out = np.stack([t.data for t in parts], axis=axis)
+    n = len(parts)
+    return Tensor._from_op(out, tuple(parts), lambda g: tuple(np.take(g, i, axis=axis) for i in range(n)))
 
 
 @primitive("where", kind="elementwise", inputs=("condition", "a", "b"))
-def where(condition, a, b):
+def where(condition: TensorLike, a: TensorLike, b: TensorLike) -> Tensor:
     """``a`` where ``condition`` is true, else ``b`` (broadcast together), as ``np.where``."""
     cond = condition.data if isinstance(condition, Tensor) else np.asarray(condition)
     cond = cond.astype(bool, copy=False)
@@ -644,7 +661,7 @@ def where(condition, a, b):
 
 
 @primitive("astype", kind="cast")
-def astype(a, dtype):
+def astype(a: TensorLike, dtype: DType) -> Tensor:
     """Differentiable cast: the gradient comes back in ``a``'s own dtype."""
     a = _t(a)
     dtype = np.dtype(dtype)
@@ -664,7 +681,7 @@ def astype(a, dtype):
 
 
 @primitive("dropout", kind="random")
-def dropout(a, p=0.5, training=True, rng=None):
+def dropout(a: TensorLike, p: float = 0.5, training: bool = True, rng: np.random.Generator | None = None) -> Tensor:
     """Inverted dropout: zero each element with probability ``p``, scale the rest by 1/(1-p)."""
     a = _t(a)
     if not training or p == 0:
@@ -677,24 +694,40 @@ def dropout(a, p=0.5, training=True, rng=None):
 
 
 # --- Tensor methods and operators -----------------------------------------------
-def _reflect(fn):
-    return lambda self, other: fn(other, self)
+# Attached with setattr: the Tensor class declares them for type checkers, and
+# mypy refuses a plain assignment to a declared method.
+def _reflect(fn: Callable[[TensorLike, TensorLike], Tensor]) -> Callable[[Tensor, TensorLike], Tensor]:
+    def reflected(self: Tensor, other: TensorLike) -> Tensor:
+        return fn(other, self)
+
+    return reflected
 
 
-Tensor.__add__ = add
-Tensor.__radd__ = _reflect(add)
-Tensor.__sub__ = sub
-Tensor.__rsub__ = _reflect(sub)
-Tensor.__mul__ = mul
-Tensor.__rmul__ = _reflect(mul)
-Tensor.__truediv__ = div
-Tensor.__rtruediv__ = _reflect(div)
-Tensor.__neg__ = neg
-Tensor.__pow__ = pow
-Tensor.__rpow__ = _reflect(pow)
-Tensor.__matmul__ = matmul
-Tensor.__rmatmul__ = _reflect(matmul)
-Tensor.__getitem__ = getitem
+def _transposed(self: Tensor) -> Tensor:
+    return transpose(self)
+
+
+for _name, _method in (
+    ("__add__", add),
+    ("__radd__", _reflect(add)),
+    ("__sub__", sub),
+    ("__rsub__", _reflect(sub)),
+    ("__mul__", mul),
+    ("__rmul__", _reflect(mul)),
+    ("__truediv__", div),
+    ("__rtruediv__", _reflect(div)),
+    ("__neg__", neg),
+    ("__pow__", pow),
+    ("__rpow__", _reflect(pow)),
+    ("__matmul__", matmul),
+    ("__rmatmul__", _reflect(matmul)),
+    ("__getitem__", getitem),
+    ("softmax", softmax),
+    ("log_softmax", log_softmax),
+    ("T", property(_transposed)),
+    ("matmul", matmul),
+):
+    setattr(Tensor, _name, _method)
 for _name in (
     "sum",
     "mean",
@@ -715,7 +748,3 @@ for _name in (
     "astype",
 ):
     setattr(Tensor, _name, globals()[_name])
-Tensor.softmax = softmax
-Tensor.log_softmax = log_softmax
-Tensor.T = property(lambda self: transpose(self))
-Tensor.matmul = matmul

@@ -22,10 +22,23 @@ and the differentiable cast.
   a float16 gradient goes straight into another float16 op.
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 import numpy as np
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Any, TypeVar
+
+    from everyo._typing import Array, FloatArray
+
+    F = TypeVar("F", bound=Callable[..., Any])
 
 _U32 = np.uint32
 _F32 = np.float32
+_F16 = np.dtype(np.float16)
 _SMALL = 256  # at or below this many elements, NumPy's own astype is cheaper
 
 
@@ -228,15 +241,15 @@ class Rounded:
 
     __slots__ = ("f32", "dtype")
 
-    def __init__(self, f32, dtype=np.dtype(np.float16)):
+    def __init__(self, f32: FloatArray, dtype: np.dtype[Any] = _F16) -> None:
         self.f32 = f32
         self.dtype = dtype
 
     @property
-    def shape(self):
+    def shape(self) -> tuple[int, ...]:
         return self.f32.shape
 
-    def accumulate(self, other):
+    def accumulate(self, other: Rounded | Array) -> Rounded:
         """``self + other`` (a Rounded or an array of the same dtype) as a
         Rounded: the float32 sum of two 16-bit values rounded once, which is
         the correctly rounded 16-bit sum, i.e. NumPy's float16 ``a + b``, bit
@@ -244,14 +257,14 @@ class Rounded:
         total = np.add(self.f32, _up(other))
         return _rounded(total, self.dtype)
 
-    def materialize(self):
+    def materialize(self) -> Array:
         """The 16-bit array (exact: the values already are the type's)."""
         if self.dtype == np.float16:
             return _exact_to_half(self.f32)
         return _exact_to_bfloat16(self.f32, self.dtype)
 
 
-def _rounded(x, dtype=np.dtype(np.float16)):
+def _rounded(x, dtype=_F16):
     """The 16-bit rounding of float32 ``x``, kept in float32 (see :class:`Rounded`)."""
     if dtype == np.float16:
         return Rounded(_round_to_half(x))
@@ -277,10 +290,10 @@ def _exact_down(x, dtype):
     return _exact_to_half(x) if dtype == np.float16 else _exact_to_bfloat16(x, dtype)
 
 
-def takes_rounded(fn):
+def takes_rounded(fn: F) -> F:
     """Mark a backward function as accepting a :class:`Rounded` gradient
     (autograd's deferred-gradient protocol: ``accepts_deferred``)."""
-    fn.accepts_deferred = True
+    fn.accepts_deferred = True  # type: ignore[attr-defined]  # a marker attribute on any callable
     return fn
 
 
@@ -291,12 +304,12 @@ def takes_rounded(fn):
 # NaN 0x7FC0 with the input's sign (payload dropped); so do these.
 
 
-def is_bfloat16(dtype):
+def is_bfloat16(dtype: np.dtype[Any]) -> bool:
     """Whether ``dtype`` is ml_dtypes' bfloat16 (recognised without importing ml_dtypes)."""
     return dtype.kind == "V" and dtype.itemsize == 2 and dtype.name == "bfloat16"
 
 
-def is_low_precision(dtype):
+def is_low_precision(dtype: np.dtype[Any]) -> bool:
     """float16 or bfloat16: the 16-bit floats that ops compute in float32."""
     return dtype == np.float16 or is_bfloat16(dtype)
 

@@ -2,6 +2,10 @@
 and ``one_hot``. Indices are checked: out of range is an
 :class:`~everyo.errors.EveryOIndexError` naming the op, the axis and its size."""
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from everyo.axes import normalize_axis
@@ -9,6 +13,9 @@ from everyo.dispatch import primitive
 from everyo.errors import EveryODTypeError, EveryOIndexError, EveryOShapeError
 from everyo.functional import _t
 from everyo.tensor import Tensor
+
+if TYPE_CHECKING:
+    from everyo._typing import DType, TensorLike
 
 __all__ = ["take_along_axis", "gather", "masked_fill", "one_hot"]
 
@@ -21,7 +28,7 @@ def _integer_array(indices, op):
 
 
 @primitive("take_along_axis", kind="indexing", inputs=("a", "indices"))
-def take_along_axis(a, indices, axis):
+def take_along_axis(a: TensorLike, indices: TensorLike, axis: int) -> Tensor:
     """Pick values along ``axis`` at integer ``indices`` (NumPy's
     ``take_along_axis``; PyTorch's ``gather``). ``indices`` has ``a``'s rank;
     its other axes broadcast against ``a``'s. Negative indices count from the
@@ -64,14 +71,14 @@ def take_along_axis(a, indices, axis):
     return Tensor._from_op(out, (a,), backward)
 
 
-def gather(a, axis, index):
+def gather(a: TensorLike, axis: int, index: TensorLike) -> Tensor:
     """PyTorch's name and argument order for :func:`take_along_axis`
     (``torch.gather(input, dim, index)``)."""
     return take_along_axis(a, index, axis)
 
 
 @primitive("masked_fill", kind="elementwise", inputs=("a", "mask"))
-def masked_fill(a, mask, value):
+def masked_fill(a: TensorLike, mask: TensorLike, value: TensorLike) -> Tensor:
     """``a`` with ``value`` where the boolean ``mask`` (broadcastable to
     ``a``) is True. No gradient flows to the filled places.
 
@@ -99,7 +106,7 @@ def masked_fill(a, mask, value):
 
 
 @primitive("one_hot", kind="indexing", inputs=("indices",), differentiable=False)
-def one_hot(indices, num_classes=None, dtype="float32"):
+def one_hot(indices: TensorLike, num_classes: int | None = None, dtype: DType = "float32") -> Tensor:
     """Integer class ids (any shape) -> one-hot vectors, shape ``indices.shape + (num_classes,)``.
 
     ``num_classes=None`` uses ``max(indices) + 1``. ``dtype`` defaults to
@@ -120,6 +127,6 @@ def one_hot(indices, num_classes=None, dtype="float32"):
     return Tensor._from_op(out, (), None)
 
 
-Tensor.take_along_axis = take_along_axis
-Tensor.gather = gather
-Tensor.masked_fill = masked_fill
+# setattr: the Tensor class declares these methods for type checkers.
+for _name in ("take_along_axis", "gather", "masked_fill"):
+    setattr(Tensor, _name, globals()[_name])

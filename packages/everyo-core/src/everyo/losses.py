@@ -1,5 +1,9 @@
 """Loss functions, fused and numerically stable; they run in float32 under autocast."""
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from everyo.dispatch import FLOAT32, primitive
@@ -8,10 +12,13 @@ from everyo.functional import _t
 from everyo.half import is_low_precision
 from everyo.tensor import Tensor
 
+if TYPE_CHECKING:
+    from everyo._typing import TensorLike
+
 __all__ = ["mse_loss", "cross_entropy", "binary_cross_entropy_with_logits"]
 
 
-def _float32_at_least(*tensors):
+def _float32_at_least(*tensors: Tensor) -> tuple[Tensor, ...]:
     """Losses always run in float32 or wider, with or without autocast.
 
     The spec's loop computes the loss *after* the autocast block, on float16
@@ -46,7 +53,7 @@ def _same_shape(pred, target, name):
 
 
 @primitive("mse_loss", FLOAT32, kind="loss", inputs=("pred", "target"))
-def mse_loss(pred, target, reduction="mean"):
+def mse_loss(pred: TensorLike, target: TensorLike, reduction: str = "mean") -> Tensor:
     """Mean squared error ``mean((pred - target) ** 2)``.
 
     Over zero elements (an empty batch) the mean is NaN, as in PyTorch, without
@@ -65,7 +72,7 @@ def mse_loss(pred, target, reduction="mean"):
 
 
 @primitive("cross_entropy", FLOAT32, kind="loss", inputs=("logits", "targets"))
-def cross_entropy(logits, targets, reduction="mean"):
+def cross_entropy(logits: TensorLike, targets: TensorLike, reduction: str = "mean") -> Tensor:
     """Softmax cross-entropy from raw ``logits`` (N, C) and integer class ``targets`` (N,).
 
     Fused: log-softmax and the negative log-likelihood in one op whose
@@ -107,7 +114,7 @@ def cross_entropy(logits, targets, reduction="mean"):
 
 
 @primitive("binary_cross_entropy_with_logits", FLOAT32, kind="loss", inputs=("logits", "targets"))
-def binary_cross_entropy_with_logits(logits, targets, reduction="mean"):
+def binary_cross_entropy_with_logits(logits: TensorLike, targets: TensorLike, reduction: str = "mean") -> Tensor:
     """Sigmoid + binary cross-entropy in one stable op:
     ``max(x, 0) - x * y + log1p(exp(-|x|))``.
 

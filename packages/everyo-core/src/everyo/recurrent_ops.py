@@ -34,10 +34,18 @@ gradients are zeroed) and its state gradients pass through unchanged. Steps
 where every row is live pay nothing for this.
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from everyo.dispatch import primitive
 from everyo.sequence_ops import multi_output
+
+if TYPE_CHECKING:
+    from everyo._typing import TensorLike
+    from everyo.tensor import Tensor
 
 __all__ = ["rnn_scan", "lstm_scan", "gru_scan"]
 
@@ -92,7 +100,14 @@ def _outputs(hs, lengths, ended):
 
 
 @primitive("rnn_scan", kind="fused", inputs=("xp", "h0", "w_hh"))
-def rnn_scan(xp, h0, w_hh, nonlinearity="tanh", reverse=False, lengths=None):
+def rnn_scan(
+    xp: Tensor,
+    h0: Tensor,
+    w_hh: Tensor,
+    nonlinearity: str = "tanh",
+    reverse: bool = False,
+    lengths: TensorLike | None = None,
+) -> list[Tensor]:
     """Elman RNN over time: ``h_t = act(xp_t + h_{t-1} @ W_hh)``.
 
     Returns ``[outputs (B, T, H), h_last (B, H)]`` (``h_last`` is the state after
@@ -146,7 +161,9 @@ def rnn_scan(xp, h0, w_hh, nonlinearity="tanh", reverse=False, lengths=None):
 
 
 @primitive("lstm_scan", kind="fused", inputs=("xp", "h0", "c0", "w_hh"))
-def lstm_scan(xp, h0, c0, w_hh, reverse=False, lengths=None):
+def lstm_scan(
+    xp: Tensor, h0: Tensor, c0: Tensor, w_hh: Tensor, reverse: bool = False, lengths: TensorLike | None = None
+) -> list[Tensor]:
     """LSTM over time, gates in the order input, forget, cell, output (i, f, g, o):
 
         i, f, g, o = split(xp_t + h_{t-1} @ W_hh, 4)
@@ -257,7 +274,9 @@ def lstm_scan(xp, h0, c0, w_hh, reverse=False, lengths=None):
 
 
 @primitive("gru_scan", kind="fused", inputs=("xp", "h0", "w_hh", "b_hh"))
-def gru_scan(xp, h0, w_hh, b_hh, reverse=False, lengths=None):
+def gru_scan(
+    xp: Tensor, h0: Tensor, w_hh: Tensor, b_hh: Tensor, reverse: bool = False, lengths: TensorLike | None = None
+) -> list[Tensor]:
     """GRU over time (PyTorch's convention: the reset gate multiplies the
     *projected* state, after ``W_hn`` and ``b_hn``), gates in the order
     reset, update, new (r, z, n):

@@ -6,12 +6,21 @@ count from the end) and are checked by :mod:`everyo.axes`. Reductions that
 add many values run in float32 under autocast (category ``FLOAT32``).
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from everyo.axes import normalize_axes, normalize_axis
 from everyo.dispatch import FLOAT32, primitive
 from everyo.functional import _expand, _t
 from everyo.tensor import Tensor
+
+if TYPE_CHECKING:
+    from typing import Literal
+
+    from everyo._typing import Axis, TensorLike
 
 __all__ = ["argmax", "argmin", "cumsum", "prod", "std", "logsumexp", "norm"]
 
@@ -33,7 +42,7 @@ def _arg(a, axis, keepdims, finder, op):
 
 
 @primitive("argmax", kind="reduction", differentiable=False)
-def argmax(a, axis=None, keepdims=False):
+def argmax(a: TensorLike, axis: int | None = None, keepdims: bool = False) -> Tensor:
     """Index of the largest value (the first one on ties) along ``axis``, as int64.
 
     ``axis=None`` gives the index into the flattened tensor.
@@ -46,13 +55,13 @@ def argmax(a, axis=None, keepdims=False):
 
 
 @primitive("argmin", kind="reduction", differentiable=False)
-def argmin(a, axis=None, keepdims=False):
+def argmin(a: TensorLike, axis: int | None = None, keepdims: bool = False) -> Tensor:
     """Index of the smallest value (the first one on ties) along ``axis``, as int64."""
     return _arg(a, axis, keepdims, np.argmin, "argmin")
 
 
 @primitive("cumsum", FLOAT32, kind="reduction")
-def cumsum(a, axis=None):
+def cumsum(a: TensorLike, axis: int | None = None) -> Tensor:
     """Running sum along ``axis`` (``None``: over the flattened tensor, as NumPy).
 
     Examples:
@@ -64,10 +73,10 @@ def cumsum(a, axis=None):
     if axis is None:
         out = np.cumsum(x.reshape(-1))
 
-        def backward(g):
+        def flat_backward(g):
             return (np.flip(np.cumsum(np.flip(g))).reshape(x.shape),)
 
-        return Tensor._from_op(out, (a,), backward)
+        return Tensor._from_op(out, (a,), flat_backward)
     axis = normalize_axis(axis, x.shape, "cumsum")
 
     def backward(g):
@@ -78,7 +87,7 @@ def cumsum(a, axis=None):
 
 
 @primitive("prod", FLOAT32, kind="reduction")
-def prod(a, axis=None, keepdims=False):
+def prod(a: TensorLike, axis: Axis = None, keepdims: bool = False) -> Tensor:
     """Product over ``axis``. The gradient of each factor is the product of
     the others, computed from running products (no division), so it is
     exact when factors are zero.
@@ -109,7 +118,7 @@ def prod(a, axis=None, keepdims=False):
 
 
 @primitive("std", FLOAT32, kind="reduction")
-def std(a, axis=None, keepdims=False, ddof=0):
+def std(a: TensorLike, axis: Axis = None, keepdims: bool = False, ddof: float = 0) -> Tensor:
     """Standard deviation, ``sqrt(var(a, axis, ddof=ddof))`` (``ddof=0``: the
     biased estimate, like NumPy; PyTorch's default is ``ddof=1``).
     Where the deviation is zero the gradient is zero (not NaN).
@@ -134,7 +143,7 @@ def std(a, axis=None, keepdims=False, ddof=0):
 
 
 @primitive("logsumexp", FLOAT32, kind="reduction")
-def logsumexp(a, axis=None, keepdims=False):
+def logsumexp(a: TensorLike, axis: Axis = None, keepdims: bool = False) -> Tensor:
     """``log(sum(exp(a)))`` over ``axis`` without overflow (the maximum is
     subtracted first). A slice of ``-inf`` gives ``-inf`` and a zero gradient.
 
@@ -161,7 +170,7 @@ def logsumexp(a, axis=None, keepdims=False):
 
 
 @primitive("norm", FLOAT32, kind="reduction")
-def norm(a, ord=2, axis=None, keepdims=False):
+def norm(a: TensorLike, ord: float | Literal["fro"] = 2, axis: Axis = None, keepdims: bool = False) -> Tensor:
     """Vector ``ord``-norm over ``axis`` (all axes when ``None``), as
     ``torch.linalg.vector_norm``: ``ord`` is a positive number, ``inf``, or
     ``'fro'`` (the 2-norm over the given axes). At a zero vector the gradient

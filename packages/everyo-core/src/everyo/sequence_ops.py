@@ -6,6 +6,10 @@ Each is one autograd node with a hand-written backward, gradient-checked in
 ``tests/core/test_sequence_ops.py``.
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from everyo.axes import normalize_axis
@@ -13,10 +17,19 @@ from everyo.dispatch import primitive
 from everyo.errors import EveryODTypeError, EveryOIndexError, EveryOShapeError
 from everyo.tensor import Tensor
 
+if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
+
+    from everyo._typing import Array, TensorLike
+
 __all__ = ["multi_output", "split", "embedding", "EveryOIndexError"]
 
 
-def multi_output(datas, parents, backward):
+def multi_output(
+    datas: Sequence[Array],
+    parents: Sequence[Tensor],
+    backward: Callable[[list[Array | None]], Sequence[Array | None]],
+) -> list[Tensor]:
     """Wrap the outputs of one op with several outputs as Tensors.
 
     ``backward(grads)`` gets one gradient per output (``None`` for an output
@@ -64,7 +77,7 @@ def _resolve_split(inputs, attrs):
 
 
 @primitive("split", kind="shape", resolve=_resolve_split)
-def split(x, sections, axis=-1):
+def split(x: Tensor, sections: int | Sequence[int], axis: int = -1) -> list[Tensor]:
     """Split ``x`` along ``axis`` into pieces of the given sizes (or ``sections``
     equal pieces). The backward is one concatenation, not one zero-filled
     full-size array per piece as slicing would cost."""
@@ -92,7 +105,7 @@ def split(x, sections, axis=-1):
 
 
 @primitive("embedding", kind="indexing", inputs=("indices", "weight"))
-def embedding(indices, weight, padding_idx=None):
+def embedding(indices: TensorLike, weight: Tensor, padding_idx: int | None = None) -> Tensor:
     """Rows of ``weight`` (num_embeddings, dim) picked by integer ``indices`` of any shape.
 
     The output has shape ``indices.shape + (dim,)``. The backward scatters the

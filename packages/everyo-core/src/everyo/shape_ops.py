@@ -1,6 +1,10 @@
 """More shape ops: ``squeeze``, ``expand_dims`` (PyTorch: ``unsqueeze``),
 ``moveaxis``, and ``clone`` (a differentiable copy)."""
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from everyo.axes import normalize_axes, normalize_axis
@@ -8,6 +12,11 @@ from everyo.dispatch import primitive
 from everyo.errors import EveryOShapeError
 from everyo.functional import _t
 from everyo.tensor import Tensor
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from everyo._typing import Axis, TensorLike
 
 __all__ = ["squeeze", "expand_dims", "moveaxis", "clone"]
 
@@ -17,7 +26,7 @@ def _axis_list(axis):
 
 
 @primitive("squeeze", kind="shape")
-def squeeze(a, axis=None):
+def squeeze(a: TensorLike, axis: Axis = None) -> Tensor:
     """Remove axes of length 1 (all of them when ``axis`` is None).
 
     Examples:
@@ -37,7 +46,7 @@ def squeeze(a, axis=None):
 
 
 @primitive("expand_dims", kind="shape")
-def expand_dims(a, axis):
+def expand_dims(a: TensorLike, axis: int | Sequence[int]) -> Tensor:
     """Insert axes of length 1 at ``axis`` (an int or a tuple, positions in the result).
 
     Examples:
@@ -54,7 +63,7 @@ def expand_dims(a, axis):
 
 
 @primitive("moveaxis", kind="shape")
-def moveaxis(a, source, destination):
+def moveaxis(a: TensorLike, source: int | Sequence[int], destination: int | Sequence[int]) -> Tensor:
     """Move axes to new positions, the others keeping their order (NumPy's ``moveaxis``).
 
     Examples:
@@ -73,7 +82,7 @@ def moveaxis(a, source, destination):
 
 
 @primitive("clone", kind="shape")
-def clone(a):
+def clone(a: TensorLike) -> Tensor:
     """A copy with its own memory that stays in the graph (gradients flow
     through it), unlike :meth:`Tensor.detach`.
 
@@ -88,4 +97,5 @@ def clone(a):
 
 for _name in __all__:
     setattr(Tensor, _name, globals()[_name])
-Tensor.unsqueeze = expand_dims  # PyTorch's name
+for _name, _method in (("unsqueeze", expand_dims),):  # PyTorch's name (a loop: setattr, see functional)
+    setattr(Tensor, _name, _method)

@@ -2,12 +2,19 @@
 indices (no gradient), as PyTorch does. The gradient of the values goes back
 to the positions they were taken from."""
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from everyo.axes import normalize_axis
 from everyo.dispatch import primitive
 from everyo.functional import _t
 from everyo.tensor import Tensor
+
+if TYPE_CHECKING:
+    from everyo._typing import TensorLike
 
 __all__ = ["sort", "topk"]
 
@@ -27,7 +34,7 @@ def _gathered(a, order, axis):
 
 
 @primitive("sort", kind="indexing")
-def sort(a, axis=-1, descending=False):
+def sort(a: TensorLike, axis: int = -1, descending: bool = False) -> tuple[Tensor, Tensor]:
     """Sort along ``axis``; returns ``(values, indices)``.
 
     Ascending sorting is stable (equal values keep their order); NaNs sort
@@ -47,7 +54,7 @@ def sort(a, axis=-1, descending=False):
 
 
 @primitive("topk", kind="indexing")
-def topk(a, k, axis=-1, largest=True, sorted=True):
+def topk(a: TensorLike, k: int, axis: int = -1, largest: bool = True, sorted: bool = True) -> tuple[Tensor, Tensor]:
     """The ``k`` largest (or smallest) values along ``axis``; returns
     ``(values, indices)``, values in descending (ascending) order.
 
@@ -71,5 +78,6 @@ def topk(a, k, axis=-1, largest=True, sorted=True):
     return _gathered(a, order, axis)
 
 
-Tensor.sort = sort
-Tensor.topk = topk
+# setattr: the Tensor class declares these methods for type checkers.
+for _name in __all__:
+    setattr(Tensor, _name, globals()[_name])

@@ -11,6 +11,10 @@ Keras's ``UpSampling2D`` (TensorFlow's ``resize`` with half-pixel centres):
 * ``align_corners=True``: ``p * (H - 1) / (OH - 1)``; corner pixels coincide.
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from everyo.dispatch import primitive
@@ -19,10 +23,15 @@ from everyo.functional import _t
 from everyo.half import _float_to_half, _half_to_float
 from everyo.tensor import Tensor
 
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from everyo._typing import Array, TensorLike
+
 __all__ = ["upsample2d", "interpolation_matrix"]
 
 
-def interpolation_matrix(size, scale, align_corners=False):
+def interpolation_matrix(size: int, scale: int, align_corners: bool = False) -> Array:
     """The (size * scale, size) float64 matrix of linear-interpolation weights."""
     out = size * scale
     p = np.arange(out, dtype=np.float64)
@@ -46,7 +55,9 @@ def _resolve(inputs, attrs):
 
 
 @primitive("upsample2d", kind="resize", resolve=_resolve)
-def upsample2d(x, size=2, interpolation="nearest", align_corners=False):
+def upsample2d(
+    x: TensorLike, size: int | Sequence[int] = 2, interpolation: str = "nearest", align_corners: bool = False
+) -> Tensor:
     """Repeat (``'nearest'``) or interpolate (``'bilinear'``) by integer factors.
 
     Args:
