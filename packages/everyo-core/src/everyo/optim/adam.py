@@ -44,6 +44,12 @@ class Adam(Optimizer):
         "amsgrad": Flag(),
     }
     _decoupled = False
+    # Read (and set) on the optimizer: every param group's value, where they agree.
+    lr: float
+    betas: tuple[float, float]
+    eps: float
+    weight_decay: float
+    amsgrad: bool
 
     def __init__(
         self,

@@ -117,7 +117,7 @@ class Optimizer:
 
     # Single-group 0.1 code reads and sets ``opt.lr``; keep that meaning, and
     # refuse it where groups disagree rather than answer for one of them.
-    def __getattr__(self, name: str) -> Any:
+    def _hyperparameter(self, name: str) -> Any:
         groups = self.__dict__.get("param_groups")
         if groups is not None and name in type(self)._hyper:
             values = [g[name] for g in groups]
@@ -128,6 +128,11 @@ class Optimizer:
                 f"read optimizer.param_groups[i][{name!r}]"
             )
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    if not TYPE_CHECKING:
+        # Hidden from type checkers, which would otherwise accept any attribute
+        # name (typos included); each optimizer declares its hyperparameters.
+        __getattr__ = _hyperparameter
 
     def __setattr__(self, name: str, value: Any) -> None:
         if name in type(self)._hyper and "param_groups" in self.__dict__:

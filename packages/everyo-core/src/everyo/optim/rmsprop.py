@@ -42,6 +42,13 @@ class RMSprop(Optimizer):
         "momentum": Real(),
         "centered": Flag(),
     }
+    # Read (and set) on the optimizer: every param group's value, where they agree.
+    lr: float
+    alpha: float
+    eps: float
+    weight_decay: float
+    momentum: float
+    centered: bool
 
     def __init__(
         self,

@@ -36,6 +36,12 @@ class SGD(Optimizer):
     """
 
     _hyper = {"lr": Real(), "momentum": Real(), "dampening": Real(0.0, 1.0), "nesterov": Flag(), "weight_decay": Real()}
+    # Read (and set) on the optimizer: every param group's value, where they agree.
+    lr: float
+    momentum: float
+    dampening: float
+    nesterov: bool
+    weight_decay: float
 
     def __init__(
         self,
