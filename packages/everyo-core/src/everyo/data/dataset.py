@@ -1,25 +1,34 @@
 """Datasets: anything with ``__len__`` and ``__getitem__`` (PyTorch's map-style protocol)."""
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
 import numpy as np
 
 from everyo.tensor import Tensor
 
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+    from everyo._typing import Array, TensorLike
+
 __all__ = ["Dataset", "TensorDataset"]
 
 
-def aligned_arrays(arrays, who):
+def aligned_arrays(arrays: Iterable[TensorLike], who: str) -> list[Array]:
     """The arrays as NumPy arrays, checked to share their first dimension."""
-    arrays = [a.data if isinstance(a, Tensor) else np.asarray(a) for a in arrays]
-    if not arrays:
+    out = [a.data if isinstance(a, Tensor) else np.asarray(a) for a in arrays]
+    if not out:
         raise ValueError(f"{who} needs at least one array")
-    n = len(arrays[0]) if arrays[0].ndim else None
-    for i, a in enumerate(arrays):
+    n = len(out[0]) if out[0].ndim else None
+    for i, a in enumerate(out):
         if a.ndim == 0 or len(a) != n:
             raise ValueError(
-                f"{who} arrays must share their first dimension: array 0 has shape {arrays[0].shape}, "
+                f"{who} arrays must share their first dimension: array 0 has shape {out[0].shape}, "
                 f"array {i} has shape {a.shape}"
             )
-    return arrays
+    return out
 
 
 class Dataset:
@@ -38,10 +47,10 @@ class Dataset:
         [0.0, 1.0, 4.0, 9.0]
     """
 
-    def __len__(self):
+    def __len__(self) -> int:
         raise NotImplementedError(f"{type(self).__name__} must implement __len__")
 
-    def __getitem__(self, index):
+    def __getitem__(self, index: int) -> Any:
         raise NotImplementedError(f"{type(self).__name__} must implement __getitem__")
 
 
@@ -61,15 +70,15 @@ class TensorDataset(Dataset):
         (5, 2)
     """
 
-    def __init__(self, *arrays):
+    def __init__(self, *arrays: TensorLike) -> None:
         self.arrays = aligned_arrays(arrays, "TensorDataset")
 
-    def __len__(self):
+    def __len__(self) -> int:
         return len(self.arrays[0])
 
-    def __getitem__(self, index):
+    def __getitem__(self, index: int) -> tuple[Any, ...]:
         return tuple(a[index] for a in self.arrays)
 
-    def gather(self, indices):
+    def gather(self, indices: Array | slice) -> tuple[Array, ...]:
         """One batch: every array indexed by ``indices`` (an int array or a slice)."""
         return tuple(a[indices] for a in self.arrays)

@@ -1,7 +1,10 @@
 """DataLoader: mini-batches over a Dataset (or in-memory arrays), resumable."""
 
+from __future__ import annotations
+
 import math
 import numbers
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -10,10 +13,15 @@ from everyo.errors import EveryOStateDictError
 from everyo.random import check_generator_state, generator_for, generator_state, set_generator_state
 from everyo.tensor import Tensor
 
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable, Iterator, Sequence
+
+    from everyo._typing import Array
+
 __all__ = ["DataLoader", "default_collate"]
 
 
-def default_collate(samples):
+def default_collate(samples: Sequence[Any]) -> Any:
     """Stack a list of samples into a batch of Tensors: arrays, Tensors and numbers
     are stacked along a new first axis; tuples/lists and dicts are collated field by
     field (a tuple / a dict of batches); strings stay a list.
@@ -88,7 +96,16 @@ class DataLoader:
         [((64, 3), (64,)), ((36, 3), (36,))]
     """
 
-    def __init__(self, *data, batch_size=32, shuffle=False, seed=None, drop_last=False, sampler=None, collate_fn=None):
+    def __init__(
+        self,
+        *data: Any,
+        batch_size: int = 32,
+        shuffle: bool = False,
+        seed: int | np.random.Generator | None = None,
+        drop_last: bool = False,
+        sampler: Iterable[int] | None = None,
+        collate_fn: Callable[[list[Any]], Any] | None = None,
+    ) -> None:
         if not data:
             raise ValueError("DataLoader needs a dataset or at least one array")
         if len(data) == 1 and _is_dataset(data[0]):
@@ -96,7 +113,7 @@ class DataLoader:
         else:
             self.dataset = TensorDataset(*aligned_arrays(data, "DataLoader"))
             self.arrays, self._unwrap = self.dataset.arrays, len(data) == 1
-        if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral) or batch_size < 1:
+        if isinstance(batch_size, bool) or not isinstance(batch_size, (int, numbers.Integral)) or batch_size < 1:
             raise ValueError(f"DataLoader batch_size must be an integer >= 1, got {batch_size!r}")
         if sampler is not None and shuffle:
             raise ValueError("DataLoader: sampler= and shuffle=True exclude each other; the sampler decides the order")
@@ -109,7 +126,7 @@ class DataLoader:
         self.generator = generator_for(seed)
         self._epoch, self._position = 0, 0
         self._batches = 0
-        self._epoch_start = None  # the stream's state when the running epoch drew its order
+        self._epoch_start: Array | None = None  # the stream's state when the running epoch drew its order
         self._resume_at = 0  # batches to skip in the next epoch (set by load_state_dict)
 
     def _num_samples(self):
@@ -119,7 +136,7 @@ class DataLoader:
             return len(self.sampler)
         return len(self.dataset)
 
-    def __len__(self):
+    def __len__(self) -> int:
         n = self._num_samples()
         return n // self.batch_size if self.drop_last else math.ceil(n / self.batch_size)
 
@@ -138,7 +155,7 @@ class DataLoader:
         samples = [self.dataset[i] for i in indices]
         return (self.collate_fn or default_collate)(samples)
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[Any]:
         self._epoch_start = generator_state(self.generator)
         order = self._order()
         n = len(order) if order is not None else len(self.dataset)
@@ -155,19 +172,17 @@ class DataLoader:
         self._epoch, self._position, self._epoch_start = self._epoch + 1, 0, None
 
     # --- resumption ---------------------------------------------------------
-    def state_dict(self):
+    def state_dict(self) -> dict[str, Any]:
         """``{"epoch", "position", "generator"}`` (+ ``"sampler"``): plain ints and a
         uint64 array, so ``eo.save`` can write it. Mid-epoch, ``generator`` is the
         stream's state from before this epoch's order was drawn."""
-        mid_epoch = self._epoch_start is not None and self._position > 0
-        if mid_epoch and self._position >= self._batches:
+        start = self._epoch_start if self._position > 0 else None  # not None: mid-epoch
+        if start is not None and self._position >= self._batches:
             # Every batch handed out (the loop body has the last one): resume at the next epoch.
             return self._state(self._epoch + 1, 0, generator_state(self.generator))
-        return self._state(
-            self._epoch,
-            self._position if mid_epoch else 0,
-            self._epoch_start.copy() if mid_epoch else generator_state(self.generator),
-        )
+        if start is None:
+            return self._state(self._epoch, 0, generator_state(self.generator))
+        return self._state(self._epoch, self._position, start.copy())
 
     def _state(self, epoch, position, generator):
         state = {"epoch": epoch, "position": position, "generator": generator}
@@ -175,7 +190,7 @@ class DataLoader:
             state["sampler"] = self.sampler.state_dict()
         return state
 
-    def load_state_dict(self, state):
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict`'s output (validated first); the next epoch starts
         where the saved one stopped."""
         if not isinstance(state, dict):
@@ -194,7 +209,8 @@ class DataLoader:
             )
         check_generator_state(state["generator"], "DataLoader.load_state_dict: generator")
         if "sampler" in state:
-            self.sampler.load_state_dict(state["sampler"])
+            sampler: Any = self.sampler  # checked above: it has load_state_dict
+            sampler.load_state_dict(state["sampler"])
         set_generator_state(self.generator, state["generator"], "DataLoader.load_state_dict: generator")
         self._epoch, self._resume_at, self._position, self._epoch_start = epoch, position, 0, None
 

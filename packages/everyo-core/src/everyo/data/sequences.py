@@ -1,14 +1,25 @@
 """pad_sequences: variable-length sequences -> one padded batch and their lengths."""
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from everyo.errors import EveryOShapeError
 from everyo.tensor import Tensor
 
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from everyo._typing import Array, DType, TensorLike
+
 __all__ = ["pad_sequences"]
 
 
-def pad_sequences(sequences, value=0, *, maxlen=None, dtype=None):
+def pad_sequences(
+    sequences: Sequence[TensorLike], value: float = 0, *, maxlen: int | None = None, dtype: DType | None = None
+) -> tuple[Array, Array]:
     """Stack sequences of different lengths into one batch, padded at the end.
 
     The lengths it returns go straight to ``lengths=`` of RNN, LSTM and GRU,

@@ -12,17 +12,26 @@ Examples:
     (3, 3)
 """
 
+from __future__ import annotations
+
 import numbers
+from typing import TYPE_CHECKING, Any
 
 from everyo.errors import EveryOShapeError
 from everyo.padding import resolve_padding2d
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+    from typing import TypeVar
+
+    _T = TypeVar("_T")
 
 
 def _is_int(v):
     return isinstance(v, numbers.Integral) and not isinstance(v, bool)
 
 
-def ints(layer, name, value, n=2, minimum=1):
+def ints(layer: str, name: str, value: Any, n: int = 2, minimum: int = 1) -> tuple[int, ...]:
     """``value`` as an n-tuple of ints, each ``>= minimum``; an int is repeated n times."""
     items = (value,) * n if _is_int(value) else value
     try:
@@ -38,15 +47,15 @@ def ints(layer, name, value, n=2, minimum=1):
     return tuple(int(v) for v in items)
 
 
-def positive_ints(layer, name, value, n=2):
+def positive_ints(layer: str, name: str, value: Any, n: int = 2) -> tuple[int, ...]:
     return ints(layer, name, value, n, minimum=1)
 
 
-def positive_int(layer, name, value):
+def positive_int(layer: str, name: str, value: Any) -> int:
     return ints(layer, name, value, 1, minimum=1)[0]
 
 
-def padding2d(layer, padding, allowed=("valid", "same")):
+def padding2d(layer: str, padding: Any, allowed: Sequence[str] = ("valid", "same")) -> Any:
     """Check a 2-D padding argument: one of ``allowed`` strings, an int, a pair
     ``(ph, pw)`` or ``((top, bottom), (left, right))``, every number ``>= 0``.
     Returns it unchanged (strings lower-cased); sizes are resolved per input."""
@@ -54,14 +63,16 @@ def padding2d(layer, padding, allowed=("valid", "same")):
         if padding.lower() not in allowed:
             raise ValueError(f"{layer}: padding must be one of {list(allowed)} or non-negative ints, got {padding!r}")
         return padding.lower()
+    flat: tuple[Any, ...]
     if _is_int(padding):
         flat = (padding,)
     else:
+        parts: tuple[Any, ...] | None
         try:
             parts = tuple(padding)
             flat = tuple(v for p in parts for v in (p if not _is_int(p) else (p,)))
         except TypeError:
-            parts = flat = None
+            parts, flat = None, ()
         if (
             parts is None
             or len(parts) != 2
@@ -77,41 +88,52 @@ def padding2d(layer, padding, allowed=("valid", "same")):
     return padding
 
 
-def probability(layer, name, p, *, include_one=False):
+def probability(layer: str, name: str, p: Any, *, include_one: bool = False) -> float:
     """A probability in [0, 1) (or [0, 1] with ``include_one``)."""
-    ok = isinstance(p, numbers.Real) and not isinstance(p, bool) and (0 <= p <= 1 if include_one else 0 <= p < 1)
+    ok = (
+        isinstance(p, numbers.Real)
+        and not isinstance(p, bool)
+        and (0 <= float(p) <= 1 if include_one else 0 <= float(p) < 1)
+    )
     if not ok:
         interval = "[0, 1]" if include_one else "[0, 1)"
         raise ValueError(f"{layer}: {name} must be in {interval}, got {p!r}")
     return float(p)
 
 
-def positive_float(layer, name, value):
-    if not isinstance(value, numbers.Real) or isinstance(value, bool) or not value > 0:
+def positive_float(layer: str, name: str, value: Any) -> float:
+    if not isinstance(value, numbers.Real) or isinstance(value, bool) or not float(value) > 0:
         raise ValueError(f"{layer}: {name} must be a positive number, got {value!r}")
     return float(value)
 
 
-def real(layer, name, value):
+def real(layer: str, name: str, value: Any) -> float:
     if not isinstance(value, numbers.Real) or isinstance(value, bool) or value != value:
         raise ValueError(f"{layer}: {name} must be a real number, got {value!r}")
     return float(value)
 
 
-def divides(layer, groups_name, groups, **counts):
+def divides(layer: str, groups_name: str, groups: int, **counts: int) -> None:
     """``groups`` must divide every count (e.g. in_channels, out_channels)."""
     for name, count in counts.items():
         if count % groups:
             raise ValueError(f"{layer}: {groups_name}={groups} must divide {name}={count}")
 
 
-def one_of(layer, name, value, choices):
+def one_of(layer: str, name: str, value: _T, choices: Sequence[_T]) -> _T:
     if value not in choices:
         raise ValueError(f"{layer}: {name} must be one of {list(choices)}, got {value!r}")
     return value
 
 
-def window_fits(layer, shape, kernel, stride, padding, dilation=(1, 1)):
+def window_fits(
+    layer: object,
+    shape: Sequence[int],
+    kernel: Sequence[int],
+    stride: Sequence[int],
+    padding: Any,
+    dilation: Sequence[int] = (1, 1),
+) -> None:
     """Raise EveryOShapeError if a (dilated) window does not fit the padded NHWC input."""
     h, w = shape[1], shape[2]
     span = tuple(d * (k - 1) + 1 for k, d in zip(kernel, dilation))

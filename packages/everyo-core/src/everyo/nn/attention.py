@@ -1,6 +1,9 @@
 """Multi-head scaled dot-product attention (batch-first, channels last)."""
 
+from __future__ import annotations
+
 import math
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -12,10 +15,15 @@ from everyo.random import generator_for
 from everyo.sequence_ops import split
 from everyo.tensor import Parameter, Tensor
 
+if TYPE_CHECKING:
+    from typing import Literal, overload
+
+    from everyo._typing import Array, DType, TensorLike
+
 __all__ = ["MultiHeadAttention", "causal_mask"]
 
 
-def causal_mask(query_length, key_length=None):
+def causal_mask(query_length: int, key_length: int | None = None) -> Array:
     """Boolean (query_length, key_length) mask, True where query i would see key j > i.
 
     True means *blocked* (PyTorch's convention for boolean masks). The mask is
@@ -70,7 +78,18 @@ class MultiHeadAttention(Module):
         (2, 5, 16)
     """
 
-    def __init__(self, embed_dim, num_heads, dropout=0.0, bias=True, *, seed=None, dtype="float32"):
+    generator: np.random.Generator  # registered in __init__ when dropout > 0
+
+    def __init__(
+        self,
+        embed_dim: int,
+        num_heads: int,
+        dropout: float = 0.0,
+        bias: bool = True,
+        *,
+        seed: int | np.random.Generator | None = None,
+        dtype: DType = "float32",
+    ) -> None:
         super().__init__()
         if embed_dim % num_heads:
             raise ValueError(f"MultiHeadAttention: embed_dim {embed_dim} is not divisible by num_heads {num_heads}")
@@ -85,7 +104,7 @@ class MultiHeadAttention(Module):
         self.in_proj_weight = Parameter(rng.uniform(-bound, bound, (embed_dim, 3 * embed_dim)).astype(dtype))
         self.in_proj_bias = Parameter(np.zeros(3 * embed_dim, dtype=dtype)) if bias else None
         self.out_proj = Linear(embed_dim, embed_dim, bias=bias, seed=int(rng.integers(2**31)), dtype=dtype)
-        if bias:
+        if self.out_proj.bias is not None:  # bias=True
             self.out_proj.bias.data[...] = 0
         dropout_stream = np.random.default_rng(rng.integers(2**63))
         if self.dropout:  # saved in state_dict only where it is drawn from
@@ -139,8 +158,15 @@ class MultiHeadAttention(Module):
 
     # --- forward ----------------------------------------------------------------
     def forward(
-        self, query, key=None, value=None, key_padding_mask=None, attn_mask=None, is_causal=False, need_weights=False
-    ):
+        self,
+        query: TensorLike,
+        key: TensorLike | None = None,
+        value: TensorLike | None = None,
+        key_padding_mask: TensorLike | None = None,
+        attn_mask: TensorLike | None = None,
+        is_causal: bool = False,
+        need_weights: bool = False,
+    ) -> Tensor | tuple[Tensor, Tensor]:
         key = query if key is None else key
         value = key if value is None else value
         same_kv, self_attn = key is value, query is key and key is value
@@ -176,5 +202,43 @@ class MultiHeadAttention(Module):
         out = self.out_proj(merged)
         return (out, weights) if need_weights else out
 
-    def extra_repr(self):
+    if TYPE_CHECKING:
+        # Calling the layer: the output alone, or (output, weights) with need_weights=True.
+        @overload
+        def __call__(
+            self,
+            query: TensorLike,
+            key: TensorLike | None = None,
+            value: TensorLike | None = None,
+            key_padding_mask: TensorLike | None = None,
+            attn_mask: TensorLike | None = None,
+            is_causal: bool = False,
+            need_weights: Literal[False] = False,
+        ) -> Tensor: ...
+        @overload
+        def __call__(
+            self,
+            query: TensorLike,
+            key: TensorLike | None = None,
+            value: TensorLike | None = None,
+            key_padding_mask: TensorLike | None = None,
+            attn_mask: TensorLike | None = None,
+            is_causal: bool = False,
+            *,
+            need_weights: Literal[True],
+        ) -> tuple[Tensor, Tensor]: ...
+        @overload
+        def __call__(
+            self,
+            query: TensorLike,
+            key: TensorLike | None = None,
+            value: TensorLike | None = None,
+            key_padding_mask: TensorLike | None = None,
+            attn_mask: TensorLike | None = None,
+            is_causal: bool = False,
+            need_weights: bool = False,
+        ) -> Tensor | tuple[Tensor, Tensor]: ...
+        def __call__(self, *args: Any, **kwargs: Any) -> Any: ...
+
+    def extra_repr(self) -> str:
         return f"{self.embed_dim}, num_heads={self.num_heads}" + (f", dropout={self.dropout}" if self.dropout else "")

@@ -6,14 +6,29 @@ Module refuses it and names these two. Neither has a ``forward``: the owner
 decides how the held modules are called.
 """
 
+from __future__ import annotations
+
 from collections import OrderedDict
+from typing import TYPE_CHECKING, Any, overload
 
 from everyo.nn.module import Module
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Iterator, Mapping
+    from typing import NoReturn
+
+    from typing_extensions import Self
 
 __all__ = ["ModuleList", "ModuleDict"]
 
 
-def _require_module(owner, where, value):
+def _held(container: Module) -> OrderedDict[str, Module]:
+    """A container's submodules by name. Its setters register Modules only; the
+    registry's type also allows the None that Module keeps for a slot set to None."""
+    return container._modules  # type: ignore[return-value]
+
+
+def _require_module(owner: str, where: str, value: object) -> Module:
     if not isinstance(value, Module):
         raise TypeError(f"{owner} {where} must be a Module, got {type(value).__name__}")
     return value
@@ -39,7 +54,7 @@ class ModuleList(Module):
         ['layers.0.weight', 'layers.0.bias']
     """
 
-    def __init__(self, modules=None):
+    def __init__(self, modules: Iterable[Module] | None = None) -> None:
         super().__init__()
         if modules is not None:
             self.extend(modules)
@@ -60,16 +75,20 @@ class ModuleList(Module):
         for i, module in enumerate(modules):
             self.register_module(str(i), module)
 
-    def __getitem__(self, index):
-        modules = list(self._modules.values())
+    @overload
+    def __getitem__(self, index: int) -> Module: ...
+    @overload
+    def __getitem__(self, index: slice) -> ModuleList: ...
+    def __getitem__(self, index: int | slice) -> Module | ModuleList:
+        modules = list(_held(self).values())
         if isinstance(index, slice):
             return ModuleList(modules[index])
         return modules[self._index(index)]
 
-    def __setitem__(self, index, module):
+    def __setitem__(self, index: int, module: Module) -> None:
         self.register_module(str(self._index(index)), _require_module("ModuleList", f"item {index}", module))
 
-    def __delitem__(self, index):
+    def __delitem__(self, index: int | slice) -> None:
         modules = list(self._modules.values())
         if isinstance(index, slice):
             del modules[index]
@@ -77,24 +96,24 @@ class ModuleList(Module):
             del modules[self._index(index)]
         self._renumber(modules)
 
-    def __len__(self):
+    def __len__(self) -> int:
         return len(self._modules)
 
-    def __iter__(self):
-        return iter(list(self._modules.values()))
+    def __iter__(self) -> Iterator[Module]:
+        return iter(list(_held(self).values()))
 
-    def __iadd__(self, modules):
+    def __iadd__(self, modules: Iterable[Module]) -> Self:
         return self.extend(modules)
 
-    def __add__(self, other):
+    def __add__(self, other: Iterable[Module]) -> ModuleList:
         return ModuleList(list(self) + list(other))
 
-    def append(self, module):
+    def append(self, module: Module) -> Self:
         """Add ``module`` at the end; returns self."""
         self.register_module(str(len(self)), _require_module("ModuleList", "append: the item", module))
         return self
 
-    def extend(self, modules):
+    def extend(self, modules: Iterable[Module]) -> Self:
         """Append every module of an iterable; returns self."""
         if isinstance(modules, Module) and not hasattr(modules, "__iter__"):
             raise TypeError(
@@ -107,17 +126,17 @@ class ModuleList(Module):
             self.append(module)
         return self
 
-    def insert(self, index, module):
+    def insert(self, index: int, module: Module) -> None:
         """Insert ``module`` before position ``index`` (list semantics)."""
         _require_module("ModuleList", "insert: the item", module)
         modules = list(self._modules.values())
         modules.insert(index, module)
         self._renumber(modules)
 
-    def forward(self, *args, **kwargs):
+    def forward(self, *args: Any, **kwargs: Any) -> NoReturn:
         raise NotImplementedError("ModuleList has no forward(); iterate over it in your Module's forward")
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return super().__repr__() if self._modules else "ModuleList()"
 
 
@@ -136,44 +155,44 @@ class ModuleDict(Module):
         (2, 3)
     """
 
-    def __init__(self, modules=None):
+    def __init__(self, modules: Mapping[str, Module] | Iterable[tuple[str, Module]] | None = None) -> None:
         super().__init__()
         if modules is not None:
             self.update(modules)
 
-    def __getitem__(self, key):
+    def __getitem__(self, key: str) -> Module:
         try:
-            return self._modules[key]
+            return _held(self)[key]
         except KeyError:
             raise KeyError(f"ModuleDict has no key {key!r}; keys are {list(self._modules)}") from None
 
-    def __setitem__(self, key, module):
+    def __setitem__(self, key: str, module: Module) -> None:
         self.register_module(key, _require_module("ModuleDict", f"item {key!r}", module))
 
-    def __delitem__(self, key):
+    def __delitem__(self, key: str) -> None:
         self[key]  # the same KeyError as a lookup
         del self._modules[key]
         object.__delattr__(self, key)
 
-    def __contains__(self, key):
+    def __contains__(self, key: object) -> bool:
         return key in self._modules
 
-    def __len__(self):
+    def __len__(self) -> int:
         return len(self._modules)
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[str]:
         return iter(list(self._modules))
 
-    def keys(self):
+    def keys(self) -> list[str]:
         return list(self._modules.keys())
 
-    def values(self):
-        return list(self._modules.values())
+    def values(self) -> list[Module]:
+        return list(_held(self).values())
 
-    def items(self):
-        return list(self._modules.items())
+    def items(self) -> list[tuple[str, Module]]:
+        return list(_held(self).items())
 
-    def update(self, modules):
+    def update(self, modules: Mapping[str, Module] | Iterable[tuple[str, Module]]) -> None:
         """Add (or replace) entries from a mapping or an iterable of (key, module) pairs."""
         pairs = list(modules.items()) if hasattr(modules, "items") else list(modules)
         checked = OrderedDict()
@@ -184,17 +203,17 @@ class ModuleDict(Module):
         for key, module in checked.items():
             self[key] = module
 
-    def pop(self, key):
+    def pop(self, key: str) -> Module:
         module = self[key]
         del self[key]
         return module
 
-    def clear(self):
+    def clear(self) -> None:
         for key in list(self._modules):
             del self[key]
 
-    def forward(self, *args, **kwargs):
+    def forward(self, *args: Any, **kwargs: Any) -> NoReturn:
         raise NotImplementedError("ModuleDict has no forward(); index it in your Module's forward")
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return super().__repr__() if self._modules else "ModuleDict()"

@@ -1,11 +1,23 @@
 """Convolution and pooling layers, channels last (Keras's NHWC / NLC layouts)."""
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 from everyo.conv import avg_pool2d, conv1d, conv2d, max_pool2d
 from everyo.conv_transpose import conv_transpose2d
 from everyo.nn import arguments as args
 from everyo.nn.init import rng_for, uniform_fan_in
 from everyo.nn.module import Module, as_input
 from everyo.tensor import Parameter
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
+
+    import numpy as np
+
+    from everyo._typing import DType, TensorLike
+    from everyo.tensor import Tensor
 
 
 class Conv2D(Module):
@@ -35,18 +47,18 @@ class Conv2D(Module):
 
     def __init__(
         self,
-        in_channels,
-        out_channels,
-        kernel_size,
-        stride=1,
-        padding="valid",
-        bias=True,
+        in_channels: int,
+        out_channels: int,
+        kernel_size: int | Sequence[int],
+        stride: int | Sequence[int] = 1,
+        padding: str | int | Sequence[int] | Sequence[Sequence[int]] = "valid",
+        bias: bool = True,
         *,
-        dilation=1,
-        groups=1,
-        seed=None,
-        dtype="float32",
-    ):
+        dilation: int | Sequence[int] = 1,
+        groups: int = 1,
+        seed: int | np.random.Generator | None = None,
+        dtype: DType = "float32",
+    ) -> None:
         super().__init__()
         name = type(self).__name__
         self.in_channels = args.positive_int(name, "in_channels", in_channels)
@@ -63,7 +75,7 @@ class Conv2D(Module):
         self.weight = Parameter(uniform_fan_in(rng, self.kernel_size + (cin_g, self.out_channels), fan_in, dtype))
         self.bias = Parameter(uniform_fan_in(rng, (self.out_channels,), fan_in, dtype)) if bias else None
 
-    def forward(self, x):
+    def forward(self, x: TensorLike) -> Tensor:
         x = as_input(self, x, ndim=4, last_dim=self.in_channels, what="NHWC input")
         args.window_fits(self, x.data.shape, self.kernel_size, self.stride, self.padding, self.dilation)
         return conv2d(
@@ -76,7 +88,7 @@ class Conv2D(Module):
             groups=self.groups,
         )
 
-    def extra_repr(self):
+    def extra_repr(self) -> str:
         extra = "".join(
             f", {k}={v}" for k, v in (("dilation", self.dilation), ("groups", self.groups)) if v not in ((1, 1), 1)
         )
@@ -112,18 +124,18 @@ class Conv1D(Module):
 
     def __init__(
         self,
-        in_channels,
-        out_channels,
-        kernel_size,
-        stride=1,
-        padding="valid",
-        bias=True,
+        in_channels: int,
+        out_channels: int,
+        kernel_size: int,
+        stride: int = 1,
+        padding: str | int | Sequence[int] = "valid",
+        bias: bool = True,
         *,
-        dilation=1,
-        groups=1,
-        seed=None,
-        dtype="float32",
-    ):
+        dilation: int = 1,
+        groups: int = 1,
+        seed: int | np.random.Generator | None = None,
+        dtype: DType = "float32",
+    ) -> None:
         super().__init__()
         self.in_channels = args.positive_int("Conv1D", "in_channels", in_channels)
         self.out_channels = args.positive_int("Conv1D", "out_channels", out_channels)
@@ -132,6 +144,7 @@ class Conv1D(Module):
         self.dilation = args.positive_int("Conv1D", "dilation", dilation)
         self.groups = args.positive_int("Conv1D", "groups", groups)
         args.divides("Conv1D", "groups", self.groups, in_channels=self.in_channels, out_channels=self.out_channels)
+        self.padding: str | int | Sequence[int]
         if isinstance(padding, str):
             self.padding = args.one_of("Conv1D", "padding", padding.lower(), ("valid", "same", "causal"))
         else:
@@ -151,7 +164,7 @@ class Conv1D(Module):
         p = (self.padding, self.padding) if isinstance(self.padding, int) else tuple(self.padding)
         return ((0, 0), p)
 
-    def forward(self, x):
+    def forward(self, x: TensorLike) -> Tensor:
         x = as_input(self, x, ndim=3, last_dim=self.in_channels, what="(N, L, C) input")
         n, length, c = x.data.shape
         args.window_fits(
@@ -167,7 +180,7 @@ class Conv1D(Module):
             groups=self.groups,
         )
 
-    def extra_repr(self):
+    def extra_repr(self) -> str:
         return (
             f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, stride={self.stride}, "
             f"padding={self.padding!r}, dilation={self.dilation}, groups={self.groups}"
@@ -202,18 +215,18 @@ class Conv2DTranspose(Module):
 
     def __init__(
         self,
-        in_channels,
-        out_channels,
-        kernel_size,
-        stride=1,
-        padding="valid",
-        output_padding=0,
-        bias=True,
+        in_channels: int,
+        out_channels: int,
+        kernel_size: int | Sequence[int],
+        stride: int | Sequence[int] = 1,
+        padding: str | int | Sequence[int] | Sequence[Sequence[int]] = "valid",
+        output_padding: int | Sequence[int] = 0,
+        bias: bool = True,
         *,
-        dilation=1,
-        seed=None,
-        dtype="float32",
-    ):
+        dilation: int | Sequence[int] = 1,
+        seed: int | np.random.Generator | None = None,
+        dtype: DType = "float32",
+    ) -> None:
         super().__init__()
         name = "Conv2DTranspose"
         self.in_channels = args.positive_int(name, "in_channels", in_channels)
@@ -235,7 +248,7 @@ class Conv2DTranspose(Module):
         self.weight = Parameter(uniform_fan_in(rng, shape, fan_in, dtype))
         self.bias = Parameter(uniform_fan_in(rng, (self.out_channels,), fan_in, dtype)) if bias else None
 
-    def forward(self, x):
+    def forward(self, x: TensorLike) -> Tensor:
         x = as_input(self, x, ndim=4, last_dim=self.in_channels, what="NHWC input")
         return conv_transpose2d(
             x,
@@ -247,7 +260,7 @@ class Conv2DTranspose(Module):
             dilation=self.dilation,
         )
 
-    def extra_repr(self):
+    def extra_repr(self) -> str:
         return (
             f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, stride={self.stride}, "
             f"padding={self.padding!r}, output_padding={self.output_padding}, dilation={self.dilation}"
@@ -255,9 +268,14 @@ class Conv2DTranspose(Module):
 
 
 class _Pool2D(Module):
-    _op = None
+    _op: Callable[..., Tensor]  # the pooling function, set by each subclass
 
-    def __init__(self, pool_size=2, stride=None, padding="valid"):
+    def __init__(
+        self,
+        pool_size: int | Sequence[int] = 2,
+        stride: int | Sequence[int] | None = None,
+        padding: str | int | Sequence[int] | Sequence[Sequence[int]] = "valid",
+    ) -> None:
         super().__init__()
         name = type(self).__name__
         self.pool_size = args.positive_ints(name, "pool_size", pool_size)
@@ -271,12 +289,12 @@ class _Pool2D(Module):
                 # A window made only of padding would have no input to pool.
                 raise ValueError(f"{name}: padding {padding!r} must be smaller than pool_size {self.pool_size}")
 
-    def forward(self, x):
+    def forward(self, x: TensorLike) -> Tensor:
         x = as_input(self, x, ndim=4, what="NHWC input")
         args.window_fits(self, x.data.shape, self.pool_size, self.stride, self.padding)
         return type(self)._op(x, self.pool_size, self.stride, self.padding)
 
-    def extra_repr(self):
+    def extra_repr(self) -> str:
         return f"pool_size={self.pool_size}, stride={self.stride}, padding={self.padding!r}"
 
 

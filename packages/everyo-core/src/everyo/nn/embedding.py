@@ -1,6 +1,9 @@
 """Embedding (ids -> learned vectors) and PositionalEncoding (positions -> fixed vectors)."""
 
+from __future__ import annotations
+
 import math
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -10,6 +13,9 @@ from everyo.nn.module import Module, as_input
 from everyo.random import generator_for
 from everyo.sequence_ops import embedding
 from everyo.tensor import Parameter, Tensor
+
+if TYPE_CHECKING:
+    from everyo._typing import Array, DType, TensorLike
 
 __all__ = ["Embedding", "PositionalEncoding"]
 
@@ -35,7 +41,15 @@ class Embedding(Module):
         (1, 3, 4)
     """
 
-    def __init__(self, num_embeddings, dim, padding_idx=None, *, seed=None, dtype="float32"):
+    def __init__(
+        self,
+        num_embeddings: int,
+        dim: int,
+        padding_idx: int | None = None,
+        *,
+        seed: int | np.random.Generator | None = None,
+        dtype: DType = "float32",
+    ) -> None:
         super().__init__()
         self.num_embeddings, self.dim = int(num_embeddings), int(dim)
         if padding_idx is not None:
@@ -48,15 +62,15 @@ class Embedding(Module):
             weight[padding_idx] = 0
         self.weight = Parameter(weight)
 
-    def forward(self, indices):
+    def forward(self, indices: TensorLike) -> Tensor:
         return embedding(indices, self.weight, self.padding_idx)
 
-    def extra_repr(self):
+    def extra_repr(self) -> str:
         pad = "" if self.padding_idx is None else f", padding_idx={self.padding_idx}"
         return f"{self.num_embeddings}, {self.dim}{pad}"
 
 
-def sinusoidal_table(max_len, dim):
+def sinusoidal_table(max_len: int, dim: int) -> Array:
     """The (max_len, dim) table of "Attention Is All You Need":
     ``PE[p, 2i] = sin(p / 10000^(2i/dim))``, ``PE[p, 2i+1] = cos(p / 10000^(2i/dim))``."""
     position = np.arange(max_len, dtype=np.float64)[:, None]
@@ -88,18 +102,22 @@ class PositionalEncoding(Module):
         (2, 7, 16)
     """
 
-    def __init__(self, dim, max_len=5000, dropout=0.1, *, seed=None):
+    generator: np.random.Generator  # registered in __init__ when dropout > 0
+
+    def __init__(
+        self, dim: int, max_len: int = 5000, dropout: float = 0.1, *, seed: int | np.random.Generator | None = None
+    ) -> None:
         super().__init__()
         if not 0 <= dropout < 1:
             raise ValueError(f"PositionalEncoding dropout must be in [0, 1), got {dropout}")
         self.dim, self.max_len, self.dropout = int(dim), int(max_len), float(dropout)
         self.table = sinusoidal_table(self.max_len, self.dim)  # float64; cast per input dtype
-        self._cast = {}
+        self._cast: dict[np.dtype[Any], Array] = {}
         stream = generator_for(seed)
         if self.dropout:  # saved in state_dict only where it is drawn from
             self.register_generator("generator", stream)
 
-    def forward(self, x):
+    def forward(self, x: TensorLike) -> Tensor:
         x = as_input(self, x, ndim=3, last_dim=self.dim)
         length = x.data.shape[1]
         if length > self.max_len:
@@ -113,5 +131,5 @@ class PositionalEncoding(Module):
         y = x + Tensor(self._cast[dtype][:length])
         return F.dropout(y, self.dropout, self.training, self.generator) if self.dropout else y
 
-    def extra_repr(self):
+    def extra_repr(self) -> str:
         return f"{self.dim}, max_len={self.max_len}, dropout={self.dropout}"

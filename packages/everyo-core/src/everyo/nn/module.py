@@ -8,7 +8,10 @@ to their dtype (Keras's rule, see :func:`cast_inputs`), runs ``forward``,
 then its forward hooks.
 """
 
+from __future__ import annotations
+
 from collections import OrderedDict
+from typing import TYPE_CHECKING, Any, overload
 
 import numpy as np
 
@@ -18,8 +21,27 @@ from everyo.casting import is_floating
 from everyo.errors import EveryODTypeError, EveryOShapeError, EveryOStateDictError
 from everyo.tensor import Parameter, Tensor
 
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+    from typing import ParamSpec, Protocol, TypeVar
 
-def key_problems(missing, unexpected, mismatched, strict):
+    from typing_extensions import Self
+
+    from everyo._typing import Array, DType, TensorLike
+
+    _P = ParamSpec("_P")
+    _R = TypeVar("_R")
+    _R_co = TypeVar("_R_co", covariant=True)
+
+    class _Forward(Protocol[_P, _R_co]):
+        """What calling a module runs: its ``forward``, with its own parameters."""
+
+        def forward(self, *args: _P.args, **kwargs: _P.kwargs) -> _R_co: ...
+
+
+def key_problems(
+    missing: Sequence[str], unexpected: Sequence[str], mismatched: Sequence[str], strict: bool
+) -> list[str]:
     """The parts of a state-dict loading error: missing and unexpected keys
     (only when ``strict``) and shape mismatches (always). Shared by
     :meth:`Module.load_state_dict` and :func:`everyo.io.load_torch_state_dict`."""
@@ -48,7 +70,16 @@ class Module:
         ['hidden.weight', 'hidden.bias', 'out.weight', 'out.bias']
     """
 
-    def __init__(self):
+    # Set in __init__ through object.__setattr__ (declared here for type checkers).
+    training: bool
+    _parameters: OrderedDict[str, Parameter | None]
+    _buffers: OrderedDict[str, Tensor | None]
+    _modules: OrderedDict[str, Module | None]
+    _generators: OrderedDict[str, np.random.Generator]
+    _forward_pre_hooks: list[tuple[Callable[..., Any], bool]]
+    _forward_hooks: list[tuple[Callable[..., Any], bool]]
+
+    def __init__(self) -> None:
         object.__setattr__(self, "_parameters", OrderedDict())
         object.__setattr__(self, "_buffers", OrderedDict())
         object.__setattr__(self, "_modules", OrderedDict())
@@ -58,14 +89,14 @@ class Module:
         object.__setattr__(self, "training", True)
 
     # --- registration -------------------------------------------------------
-    def __setattr__(self, name, value):
+    def __setattr__(self, name: str, value: Any) -> None:
         if "_parameters" not in self.__dict__:
             raise RuntimeError(
                 f"{type(self).__name__}.__init__ must call super().__init__() before assigning attributes"
             )
         if value is None and (name in self._parameters or name in self._modules):
             # PyTorch: a registered slot set to None stays registered (and is skipped).
-            registry = self._parameters if name in self._parameters else self._modules
+            registry: OrderedDict[str, Any] = self._parameters if name in self._parameters else self._modules
             registry[name] = None
             object.__setattr__(self, name, None)
             return
@@ -94,7 +125,7 @@ class Module:
                 f"parameter, buffer or submodule; pick another name"
             )
 
-    def register_parameter(self, name, param):
+    def register_parameter(self, name: str, param: Parameter | None) -> None:
         """Register ``param`` (a :class:`Parameter`, or None for an absent one) as ``name``."""
         self._check_new_name(name, "register_parameter")
         if param is not None and not isinstance(param, Parameter):
@@ -107,7 +138,7 @@ class Module:
         self._parameters[name] = param
         object.__setattr__(self, name, param)
 
-    def register_module(self, name, module):
+    def register_module(self, name: str, module: Module | None) -> None:
         """Register ``module`` (a :class:`Module`, or None) as the submodule ``name``."""
         self._check_new_name(name, "register_module")
         if module is not None and not isinstance(module, Module):
@@ -122,7 +153,7 @@ class Module:
 
     add_module = register_module
 
-    def register_generator(self, name, generator):
+    def register_generator(self, name: str, generator: np.random.Generator) -> None:
         """Register a ``numpy.random.Generator`` (e.g. Dropout's mask stream) as
         ``name``: its state goes into ``state_dict`` as a uint64 array and
         ``load_state_dict`` restores it, so a resumed run draws the same numbers."""
@@ -137,21 +168,25 @@ class Module:
         self._generators[name] = generator
         object.__setattr__(self, name, generator)
 
-    def register_buffer(self, name, value):
+    def register_buffer(self, name: str, value: TensorLike | None) -> None:
         """Register non-trainable state (e.g. running statistics) saved in state_dict."""
         value = value if isinstance(value, Tensor) or value is None else Tensor(value)
         object.__setattr__(self, name, value)
         self._buffers[name] = value
 
     # --- hooks --------------------------------------------------------------
-    def register_forward_pre_hook(self, hook, *, prepend=False, with_kwargs=False):
+    def register_forward_pre_hook(
+        self, hook: Callable[..., Any], *, prepend: bool = False, with_kwargs: bool = False
+    ) -> RemovableHandle:
         """Call ``hook(module, args)`` before every ``forward``; a return value other
         than None replaces the positional arguments (a non-tuple is wrapped in one).
         With ``with_kwargs=True`` it is ``hook(module, args, kwargs)`` and may return
         ``(args, kwargs)``. Returns a handle whose ``remove()`` unregisters it."""
         return _add_hook(self._forward_pre_hooks, (hook, bool(with_kwargs)), prepend)
 
-    def register_forward_hook(self, hook, *, prepend=False, with_kwargs=False):
+    def register_forward_hook(
+        self, hook: Callable[..., Any], *, prepend: bool = False, with_kwargs: bool = False
+    ) -> RemovableHandle:
         """Call ``hook(module, args, output)`` after every ``forward`` (``args`` as
         ``forward`` received them); a return value other than None replaces the
         output. With ``with_kwargs=True`` it is ``hook(module, args, kwargs, output)``.
@@ -159,16 +194,16 @@ class Module:
         return _add_hook(self._forward_hooks, (hook, bool(with_kwargs)), prepend)
 
     # --- traversal ----------------------------------------------------------
-    def named_children(self):
+    def named_children(self) -> Iterator[tuple[str, Module]]:
         """(name, module) for each direct submodule."""
         for name, child in self._modules.items():
             if child is not None:
                 yield name, child
 
-    def children(self):
+    def children(self) -> list[Module]:
         return [m for _, m in self.named_children()]
 
-    def named_modules(self, prefix="", memo=None):
+    def named_modules(self, prefix: str = "", memo: set[int] | None = None) -> Iterator[tuple[str, Module]]:
         """(dotted name, module) for this module and every submodule, each once."""
         memo = set() if memo is None else memo
         if id(self) in memo:
@@ -178,10 +213,10 @@ class Module:
         for name, child in self.named_children():
             yield from child.named_modules(f"{prefix}.{name}" if prefix else name, memo)
 
-    def modules(self):
+    def modules(self) -> list[Module]:
         return [m for _, m in self.named_modules()]
 
-    def apply(self, fn):
+    def apply(self, fn: Callable[[Module], object]) -> Self:
         """Call ``fn(module)`` on every submodule (children first) and then on self;
         returns self. Example: ``model.apply(init_weights)``."""
         for child in self.children():
@@ -189,7 +224,7 @@ class Module:
         fn(self)
         return self
 
-    def named_parameters(self, prefix="", recurse=True):
+    def named_parameters(self, prefix: str = "", recurse: bool = True) -> Iterator[tuple[str, Parameter]]:
         seen = set()
         modules = self.named_modules(prefix) if recurse else [(prefix, self)]
         for module_prefix, module in modules:
@@ -198,34 +233,34 @@ class Module:
                     seen.add(id(p))
                     yield (f"{module_prefix}.{name}" if module_prefix else name), p
 
-    def parameters(self, recurse=True):
+    def parameters(self, recurse: bool = True) -> list[Parameter]:
         return [p for _, p in self.named_parameters(recurse=recurse)]
 
-    def named_buffers(self):
+    def named_buffers(self) -> Iterator[tuple[str, Tensor]]:
         for prefix, module in self.named_modules():
             for name, b in module._buffers.items():
                 if b is not None:
                     yield (f"{prefix}.{name}" if prefix else name), b
 
-    def buffers(self):
+    def buffers(self) -> list[Tensor]:
         return [b for _, b in self.named_buffers()]
 
-    def named_generators(self):
+    def named_generators(self) -> Iterator[tuple[str, np.random.Generator]]:
         """(dotted name, numpy Generator) for every registered random stream (e.g. Dropout's)."""
         for prefix, module in self.named_modules():
             for name, g in module._generators.items():
                 yield (f"{prefix}.{name}" if prefix else name), g
 
     # --- modes ------------------------------------------------------------
-    def train(self, mode=True):
+    def train(self, mode: bool = True) -> Self:
         for m in self.modules():
             object.__setattr__(m, "training", bool(mode))
         return self
 
-    def eval(self):
+    def eval(self) -> Self:
         return self.train(False)
 
-    def zero_grad(self, set_to_none=True):
+    def zero_grad(self, set_to_none: bool = True) -> None:
         """Clear every parameter's gradient: drop it (``set_to_none=True``, the
         default, as in PyTorch) or fill it with zeros in place."""
         for p in self.parameters():
@@ -236,7 +271,7 @@ class Module:
             else:
                 p.grad = np.zeros_like(p.grad)
 
-    def to(self, dtype):
+    def to(self, dtype: DType) -> Self:
         """Cast every floating parameter and buffer to ``dtype`` in place."""
         dtype = np.dtype(dtype)
         for t in self.parameters() + self.buffers():
@@ -246,7 +281,7 @@ class Module:
         return self
 
     # --- state --------------------------------------------------------------
-    def state_dict(self):
+    def state_dict(self) -> OrderedDict[str, Array]:
         """An ordered mapping of every parameter, buffer and random-stream name to a
         copy of its array (a generator's state is a uint64 array, see
         :func:`everyo.random.generator_state`), so a resumed run draws the same
@@ -260,7 +295,7 @@ class Module:
             state[name] = _random.generator_state(g, f"{type(self).__name__}.state_dict: {name}")
         return state
 
-    def load_state_dict(self, state_dict, strict=True):
+    def load_state_dict(self, state_dict: Mapping[str, TensorLike], strict: bool = True) -> Self:
         """Copy arrays into parameters and buffers, and restore random streams.
         Everything is validated first, so a bad state dict leaves the model untouched.
 
@@ -298,10 +333,10 @@ class Module:
         return self
 
     # --- calling ----------------------------------------------------------------
-    def forward(self, *args, **kwargs):
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
         raise NotImplementedError(f"{type(self).__name__} must implement forward()")
 
-    def __call__(self, *args, **kwargs):
+    def _call_impl(self, *args: Any, **kwargs: Any) -> Any:
         if self._forward_pre_hooks:
             args, kwargs = self._run_pre_hooks(args, kwargs)
         dtype = self._parameter_dtype()
@@ -316,6 +351,14 @@ class Module:
                 if result is not None:
                     output = result
         return output
+
+    if TYPE_CHECKING:
+        # A call type-checks as a call of the subclass's own ``forward`` (its
+        # parameters and its return type), as ``model(x)`` is used. A forward
+        # hook that replaces the output with another type is beyond this.
+        def __call__(self: _Forward[_P, _R], *args: _P.args, **kwargs: _P.kwargs) -> _R: ...
+    else:
+        __call__ = _call_impl
 
     def _run_pre_hooks(self, args, kwargs):
         for hook, with_kwargs in tuple(self._forward_pre_hooks):  # a hook may remove itself
@@ -337,10 +380,10 @@ class Module:
                 return p.data.dtype
         return None
 
-    def extra_repr(self):
+    def extra_repr(self) -> str:
         return ""
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         if not self._modules:
             return f"{type(self).__name__}({self.extra_repr()})"
         lines = [f"  ({name}): " + repr(m).replace("\n", "\n  ") for name, m in self._modules.items()]
@@ -349,7 +392,7 @@ class Module:
         return head + "\n" + "\n".join(lines) + "\n)"
 
 
-def cast_inputs(value, dtype, _nested=False):
+def cast_inputs(value: Any, dtype: np.dtype[Any], _nested: bool = False) -> Any:
     """Keras's rule at the layer boundary: a floating Tensor or array *wider* than
     the layer's parameters (``dtype``) is cast down to it, so float64 data never
     turns a float32 model float64. Narrower floats pass unchanged: under
@@ -388,7 +431,13 @@ def _refuse_plain_container(module, name, value):
         )
 
 
-def as_input(layer, x, ndim=None, last_dim=None, what="input"):
+def as_input(
+    layer: Module,
+    x: TensorLike,
+    ndim: int | Iterable[int] | None = None,
+    last_dim: int | None = None,
+    what: str = "input",
+) -> Tensor:
     """Validate a layer's input and wrap arrays as Tensors.
 
     ``ndim`` is an int or a tuple of accepted ranks; ``last_dim`` the size the
@@ -425,7 +474,7 @@ class Sequential(Module):
         (3, 1)
     """
 
-    def __init__(self, *layers):
+    def __init__(self, *layers: Module | Sequence[Module]) -> None:
         super().__init__()
         if len(layers) == 1 and isinstance(layers[0], (list, tuple)):
             layers = tuple(layers[0])
@@ -435,33 +484,38 @@ class Sequential(Module):
             setattr(self, str(i), layer)
 
     @property
-    def layers(self):
-        return list(self._modules.values())
+    def layers(self) -> list[Module]:
+        # Sequential registers Modules only (a slot set to None later would fail in forward too).
+        return list(self._modules.values())  # type: ignore[arg-type]
 
-    def __getitem__(self, index):
+    @overload
+    def __getitem__(self, index: int) -> Module: ...
+    @overload
+    def __getitem__(self, index: slice) -> Sequential: ...
+    def __getitem__(self, index: int | slice) -> Module | Sequential:
         if isinstance(index, slice):
             return Sequential(*self.layers[index])
         return self.layers[index]
 
-    def __len__(self):
+    def __len__(self) -> int:
         return len(self._modules)
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[Module]:
         return iter(self.layers)
 
-    def append(self, layer):
+    def append(self, layer: Module) -> Self:
         setattr(self, str(len(self)), layer)
         return self
 
-    def forward(self, x):
-        for i, layer in enumerate(self._modules.values()):
+    def forward(self, x: Any) -> Any:
+        for i, layer in enumerate(self.layers):
             try:
                 x = layer(x)
             except (EveryOShapeError, EveryODTypeError) as exc:
                 # Name the layer's position; nested Sequentials build a path like [1][0].
                 path = getattr(exc, "layer_path", "")
                 detail = getattr(exc, "detail", str(exc))
-                new = type(exc)(f"layer [{i}]{path} of Sequential: {detail}")
+                new: Any = type(exc)(f"layer [{i}]{path} of Sequential: {detail}")
                 new.layer_path = f"[{i}]{path}"
                 new.detail = detail
                 raise new from None

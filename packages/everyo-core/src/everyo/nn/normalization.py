@@ -1,7 +1,10 @@
 """Batch, layer and group normalisation, channels last (NHWC / (N, C) / (N, L, C))."""
 
+from __future__ import annotations
+
 import math
 import numbers
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -11,6 +14,11 @@ from everyo.nn import arguments as args
 from everyo.nn.module import Module, as_input
 from everyo.tensor import Parameter, Tensor
 
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from everyo._typing import DType, TensorLike
+
 
 def _normalize(x, mean, var, eps, weight, bias):
     """``(x - mean) / sqrt(var + eps)``, then the learned scale and shift (if any)."""
@@ -19,9 +27,21 @@ def _normalize(x, mean, var, eps, weight, bias):
 
 
 class _BatchNorm(Module):
-    _ranks = ()
+    _ranks: tuple[int, ...] = ()
+    # Buffers (register_buffer): Tensors, or None without track_running_stats.
+    running_mean: Any
+    running_var: Any
 
-    def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=True, track_running_stats=True, *, dtype="float32"):
+    def __init__(
+        self,
+        num_features: int,
+        eps: float = 1e-5,
+        momentum: float = 0.1,
+        affine: bool = True,
+        track_running_stats: bool = True,
+        *,
+        dtype: DType = "float32",
+    ) -> None:
         super().__init__()
         name = type(self).__name__
         self.num_features = args.positive_int(name, "num_features", num_features)
@@ -36,7 +56,7 @@ class _BatchNorm(Module):
         else:
             self.running_mean = self.running_var = None
 
-    def forward(self, x):
+    def forward(self, x: TensorLike) -> Tensor:
         x = as_input(self, x, ndim=self._ranks, last_dim=self.num_features)
         axes = tuple(range(x.data.ndim - 1))
         if x.data.size == 0:
@@ -58,7 +78,7 @@ class _BatchNorm(Module):
             mean, var = Tensor(self.running_mean.data), Tensor(self.running_var.data)
         return _normalize(x, mean, var, self.eps, self.weight, self.bias)
 
-    def extra_repr(self):
+    def extra_repr(self) -> str:
         return f"{self.num_features}, eps={self.eps}, momentum={self.momentum}, track_running_stats={self.track_running_stats}"
 
 
@@ -83,9 +103,16 @@ class BatchNorm2D(_BatchNorm):
 class LayerNorm(Module):
     """Normalise over the trailing ``normalized_shape`` axes of each sample."""
 
-    def __init__(self, normalized_shape, eps=1e-5, elementwise_affine=True, *, dtype="float32"):
+    def __init__(
+        self,
+        normalized_shape: int | Sequence[int],
+        eps: float = 1e-5,
+        elementwise_affine: bool = True,
+        *,
+        dtype: DType = "float32",
+    ) -> None:
         super().__init__()
-        if isinstance(normalized_shape, numbers.Integral):
+        if isinstance(normalized_shape, (int, numbers.Integral)):
             normalized_shape = (normalized_shape,)
         self.normalized_shape = args.ints(
             "LayerNorm", "normalized_shape", tuple(normalized_shape), len(normalized_shape)
@@ -95,7 +122,7 @@ class LayerNorm(Module):
         self.weight = Parameter(np.ones(self.normalized_shape, dtype=dtype)) if elementwise_affine else None
         self.bias = Parameter(np.zeros(self.normalized_shape, dtype=dtype)) if elementwise_affine else None
 
-    def forward(self, x):
+    def forward(self, x: TensorLike) -> Tensor:
         x = as_input(self, x)
         k = len(self.normalized_shape)
         if x.data.shape[x.data.ndim - k :] != self.normalized_shape or x.data.ndim < k:
@@ -108,7 +135,7 @@ class LayerNorm(Module):
         var = F.var(x, axis=axes, keepdims=True)
         return _normalize(x, mean, var, self.eps, self.weight, self.bias)
 
-    def extra_repr(self):
+    def extra_repr(self) -> str:
         return f"{self.normalized_shape}, eps={self.eps}"
 
 
@@ -135,7 +162,9 @@ class GroupNorm(Module):
         (3, 4, 4, 6)
     """
 
-    def __init__(self, num_groups, num_channels, eps=1e-5, affine=True, *, dtype="float32"):
+    def __init__(
+        self, num_groups: int, num_channels: int, eps: float = 1e-5, affine: bool = True, *, dtype: DType = "float32"
+    ) -> None:
         super().__init__()
         self.num_groups = args.positive_int("GroupNorm", "num_groups", num_groups)
         self.num_channels = args.positive_int("GroupNorm", "num_channels", num_channels)
@@ -144,7 +173,7 @@ class GroupNorm(Module):
         self.weight = Parameter(np.ones(self.num_channels, dtype=dtype)) if affine else None
         self.bias = Parameter(np.zeros(self.num_channels, dtype=dtype)) if affine else None
 
-    def forward(self, x):
+    def forward(self, x: TensorLike) -> Tensor:
         x = as_input(self, x, ndim=tuple(range(2, 33)), last_dim=self.num_channels)
         shape = x.data.shape
         # (N, positions, groups, channels per group); explicit sizes so a batch of 0 reshapes too.
@@ -156,5 +185,5 @@ class GroupNorm(Module):
         y = F.reshape(_normalize(grouped, mean, var, self.eps, None, None), shape)
         return y if self.weight is None else y * self.weight + self.bias
 
-    def extra_repr(self):
+    def extra_repr(self) -> str:
         return f"{self.num_groups}, {self.num_channels}, eps={self.eps}, affine={self.affine}"

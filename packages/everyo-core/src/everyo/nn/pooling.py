@@ -1,23 +1,33 @@
 """Global pooling layers (Keras names): one value per channel of an NHWC input."""
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 from everyo import functional as F
 from everyo.nn.module import Module, as_input
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from everyo._typing import TensorLike
+    from everyo.tensor import Tensor
 
 __all__ = ["GlobalAveragePooling2D", "GlobalMaxPooling2D"]
 
 
 class _GlobalPool2D(Module):
-    _reduce = None
+    _reduce: Callable[..., Tensor]  # the reduction over (H, W), set by each subclass
 
-    def __init__(self, keepdims=False):
+    def __init__(self, keepdims: bool = False) -> None:
         super().__init__()
         self.keepdims = bool(keepdims)
 
-    def forward(self, x):
+    def forward(self, x: TensorLike) -> Tensor:
         x = as_input(self, x, ndim=4, what="NHWC input")
         return type(self)._reduce(x, axis=(1, 2), keepdims=self.keepdims)
 
-    def extra_repr(self):
+    def extra_repr(self) -> str:
         return "keepdims=True" if self.keepdims else ""
 
 

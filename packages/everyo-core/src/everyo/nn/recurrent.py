@@ -17,7 +17,10 @@ over many steps, where float16 error would compound) runs in the recurrent
 weights' dtype, so outputs and states come back in float32.
 """
 
+from __future__ import annotations
+
 import math
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -28,6 +31,9 @@ from everyo.random import generator_for
 from everyo.recurrent_ops import gru_scan, lstm_scan, rnn_scan
 from everyo.tensor import Parameter, Tensor
 
+if TYPE_CHECKING:
+    from everyo._typing import DType, TensorLike
+
 __all__ = ["RNN", "LSTM", "GRU"]
 
 
@@ -36,16 +42,16 @@ class _RecurrentBase(Module):
 
     def __init__(
         self,
-        input_size,
-        hidden_size,
-        num_layers=1,
-        bias=True,
-        bidirectional=False,
-        dropout=0.0,
+        input_size: int,
+        hidden_size: int,
+        num_layers: int = 1,
+        bias: bool = True,
+        bidirectional: bool = False,
+        dropout: float = 0.0,
         *,
-        seed=None,
-        dtype="float32",
-    ):
+        seed: int | np.random.Generator | None = None,
+        dtype: DType = "float32",
+    ) -> None:
         super().__init__()
         if hidden_size < 1 or num_layers < 1 or input_size < 1:
             raise ValueError(
@@ -139,7 +145,7 @@ class _RecurrentBase(Module):
                 layer_input = F.dropout(layer_input, self.dropout, True, self.dropout_generator)
         return layer_input, [F.stack(f, axis=0) for f in finals]
 
-    def extra_repr(self):
+    def extra_repr(self) -> str:
         s = f"{self.input_size}, {self.hidden_size}"
         if self.num_layers != 1:
             s += f", num_layers={self.num_layers}"
@@ -204,17 +210,17 @@ class RNN(_RecurrentBase):
 
     def __init__(
         self,
-        input_size,
-        hidden_size,
-        num_layers=1,
-        nonlinearity="tanh",
-        bias=True,
-        bidirectional=False,
-        dropout=0.0,
+        input_size: int,
+        hidden_size: int,
+        num_layers: int = 1,
+        nonlinearity: str = "tanh",
+        bias: bool = True,
+        bidirectional: bool = False,
+        dropout: float = 0.0,
         *,
-        seed=None,
-        dtype="float32",
-    ):
+        seed: int | np.random.Generator | None = None,
+        dtype: DType = "float32",
+    ) -> None:
         if nonlinearity not in ("tanh", "relu"):
             raise ValueError(f"RNN nonlinearity must be 'tanh' or 'relu', got {nonlinearity!r}")
         super().__init__(input_size, hidden_size, num_layers, bias, bidirectional, dropout, seed=seed, dtype=dtype)
@@ -224,7 +230,9 @@ class RNN(_RecurrentBase):
         w_ih, w_hh, b_ih, b_hh = weights
         return rnn_scan(_project(x, w_ih, b_ih, b_hh), initial[0], w_hh, self.nonlinearity, reverse, lengths)
 
-    def forward(self, x, h0=None, *, lengths=None):
+    def forward(
+        self, x: TensorLike, h0: TensorLike | None = None, *, lengths: TensorLike | None = None
+    ) -> tuple[Tensor, Tensor]:
         out, (h_n,) = self._run(x, [(h0, "h0")], lengths)
         return out, h_n
 
@@ -264,7 +272,9 @@ class LSTM(_RecurrentBase):
         w_ih, w_hh, b_ih, b_hh = weights
         return lstm_scan(_project(x, w_ih, b_ih, b_hh), initial[0], initial[1], w_hh, reverse, lengths)
 
-    def forward(self, x, state=None, *, lengths=None):
+    def forward(
+        self, x: TensorLike, state: tuple[TensorLike, TensorLike] | None = None, *, lengths: TensorLike | None = None
+    ) -> tuple[Tensor, tuple[Tensor, Tensor]]:
         h0, c0 = (None, None) if state is None else state
         out, (h_n, c_n) = self._run(x, [(h0, "h0"), (c0, "c0")], lengths)
         return out, (h_n, c_n)
@@ -306,6 +316,8 @@ class GRU(_RecurrentBase):
             b_hh = Tensor(np.zeros(w_hh.data.shape[1], dtype=w_hh.data.dtype))
         return gru_scan(xp, initial[0], w_hh, b_hh, reverse, lengths)
 
-    def forward(self, x, h0=None, *, lengths=None):
+    def forward(
+        self, x: TensorLike, h0: TensorLike | None = None, *, lengths: TensorLike | None = None
+    ) -> tuple[Tensor, Tensor]:
         out, (h_n,) = self._run(x, [(h0, "h0")], lengths)
         return out, h_n

@@ -15,6 +15,10 @@ with ``ff(x) = linear2(dropout(activation(linear1(x))))``. The decoder layer
 adds cross-attention over ``memory`` between the two, with its own norm.
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 from everyo import functional as F
 from everyo.activations import gelu
 from everyo.nn import arguments as args
@@ -25,6 +29,14 @@ from everyo.nn.module import Module, Sequential
 from everyo.nn.normalization import LayerNorm
 from everyo.random import generator_for
 
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    import numpy as np
+
+    from everyo._typing import DType, TensorLike
+    from everyo.tensor import Tensor
+
 __all__ = ["TransformerEncoderLayer", "TransformerDecoderLayer", "TransformerEncoder", "TransformerDecoder"]
 
 _ACTIVATIONS = {"relu": F.relu, "gelu": gelu}
@@ -34,8 +46,17 @@ class _Block(Module):
     """What both layers share: hyper-parameters, seeds, the feed-forward part."""
 
     def __init__(
-        self, d_model, num_heads, dim_feedforward, dropout, activation, layer_norm_eps, norm_first, seed, dtype
-    ):
+        self,
+        d_model: int,
+        num_heads: int,
+        dim_feedforward: int,
+        dropout: float,
+        activation: str | Callable[[Tensor], Tensor],
+        layer_norm_eps: float,
+        norm_first: bool,
+        seed: int | np.random.Generator | None,
+        dtype: DType,
+    ) -> None:
         super().__init__()
         name = type(self).__name__
         if isinstance(activation, str) and activation not in _ACTIVATIONS:
@@ -112,17 +133,17 @@ class TransformerEncoderLayer(_Block):
 
     def __init__(
         self,
-        d_model,
-        num_heads,
-        dim_feedforward=2048,
-        dropout=0.1,
-        activation="relu",
-        layer_norm_eps=1e-5,
-        norm_first=False,
+        d_model: int,
+        num_heads: int,
+        dim_feedforward: int = 2048,
+        dropout: float = 0.1,
+        activation: str | Callable[[Tensor], Tensor] = "relu",
+        layer_norm_eps: float = 1e-5,
+        norm_first: bool = False,
         *,
-        seed=None,
-        dtype="float32",
-    ):
+        seed: int | np.random.Generator | None = None,
+        dtype: DType = "float32",
+    ) -> None:
         super().__init__(
             d_model, num_heads, dim_feedforward, dropout, activation, layer_norm_eps, norm_first, seed, dtype
         )
@@ -130,7 +151,13 @@ class TransformerEncoderLayer(_Block):
         self.norm1, self.norm2 = self._norm(), self._norm()
         self.dropout1, self.dropout2 = self._dropout(), self._dropout()
 
-    def forward(self, src, src_mask=None, src_key_padding_mask=None, is_causal=False):
+    def forward(
+        self,
+        src: TensorLike,
+        src_mask: TensorLike | None = None,
+        src_key_padding_mask: TensorLike | None = None,
+        is_causal: bool = False,
+    ) -> Tensor:
         def attend(x):
             return self.self_attn(x, key_padding_mask=src_key_padding_mask, attn_mask=src_mask, is_causal=is_causal)
 
@@ -159,17 +186,17 @@ class TransformerDecoderLayer(_Block):
 
     def __init__(
         self,
-        d_model,
-        num_heads,
-        dim_feedforward=2048,
-        dropout=0.1,
-        activation="relu",
-        layer_norm_eps=1e-5,
-        norm_first=False,
+        d_model: int,
+        num_heads: int,
+        dim_feedforward: int = 2048,
+        dropout: float = 0.1,
+        activation: str | Callable[[Tensor], Tensor] = "relu",
+        layer_norm_eps: float = 1e-5,
+        norm_first: bool = False,
         *,
-        seed=None,
-        dtype="float32",
-    ):
+        seed: int | np.random.Generator | None = None,
+        dtype: DType = "float32",
+    ) -> None:
         super().__init__(
             d_model, num_heads, dim_feedforward, dropout, activation, layer_norm_eps, norm_first, seed, dtype
         )
@@ -179,14 +206,14 @@ class TransformerDecoderLayer(_Block):
 
     def forward(
         self,
-        tgt,
-        memory,
-        tgt_mask=None,
-        memory_mask=None,
-        tgt_key_padding_mask=None,
-        memory_key_padding_mask=None,
-        tgt_is_causal=False,
-    ):
+        tgt: TensorLike,
+        memory: TensorLike,
+        tgt_mask: TensorLike | None = None,
+        memory_mask: TensorLike | None = None,
+        tgt_key_padding_mask: TensorLike | None = None,
+        memory_key_padding_mask: TensorLike | None = None,
+        tgt_is_causal: bool = False,
+    ) -> Tensor:
         def self_attend(x):
             return self.self_attn(x, key_padding_mask=tgt_key_padding_mask, attn_mask=tgt_mask, is_causal=tgt_is_causal)
 
@@ -201,23 +228,23 @@ class TransformerDecoderLayer(_Block):
 
 
 class _Stack(Module):
-    _layer = None
+    _layer: type[TransformerEncoderLayer] | type[TransformerDecoderLayer]  # set by each subclass
 
     def __init__(
         self,
-        num_layers,
-        d_model,
-        num_heads,
-        dim_feedforward=2048,
-        dropout=0.1,
-        activation="relu",
-        layer_norm_eps=1e-5,
-        norm_first=False,
-        final_norm=None,
+        num_layers: int,
+        d_model: int,
+        num_heads: int,
+        dim_feedforward: int = 2048,
+        dropout: float = 0.1,
+        activation: str | Callable[[Tensor], Tensor] = "relu",
+        layer_norm_eps: float = 1e-5,
+        norm_first: bool = False,
+        final_norm: bool | None = None,
         *,
-        seed=None,
-        dtype="float32",
-    ):
+        seed: int | np.random.Generator | None = None,
+        dtype: DType = "float32",
+    ) -> None:
         super().__init__()
         rng = generator_for(seed)
         self.num_layers = args.positive_int(type(self).__name__, "num_layers", num_layers)
@@ -262,7 +289,13 @@ class TransformerEncoder(_Stack):
 
     _layer = TransformerEncoderLayer
 
-    def forward(self, src, mask=None, src_key_padding_mask=None, is_causal=False):
+    def forward(
+        self,
+        src: TensorLike,
+        mask: TensorLike | None = None,
+        src_key_padding_mask: TensorLike | None = None,
+        is_causal: bool = False,
+    ) -> Tensor:
         x = src
         for layer in self.layers:
             x = layer(x, src_mask=mask, src_key_padding_mask=src_key_padding_mask, is_causal=is_causal)
@@ -287,14 +320,14 @@ class TransformerDecoder(_Stack):
 
     def forward(
         self,
-        tgt,
-        memory,
-        tgt_mask=None,
-        memory_mask=None,
-        tgt_key_padding_mask=None,
-        memory_key_padding_mask=None,
-        tgt_is_causal=False,
-    ):
+        tgt: TensorLike,
+        memory: TensorLike,
+        tgt_mask: TensorLike | None = None,
+        memory_mask: TensorLike | None = None,
+        tgt_key_padding_mask: TensorLike | None = None,
+        memory_key_padding_mask: TensorLike | None = None,
+        tgt_is_causal: bool = False,
+    ) -> Tensor:
         x = tgt
         for layer in self.layers:
             x = layer(

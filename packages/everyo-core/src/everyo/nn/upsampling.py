@@ -1,8 +1,18 @@
 """UpSampling2D: enlarge NHWC feature maps by integer factors."""
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 from everyo.nn import arguments as args
 from everyo.nn.module import Module, as_input
 from everyo.upsampling import upsample2d
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from everyo._typing import TensorLike
+    from everyo.tensor import Tensor
 
 __all__ = ["UpSampling2D"]
 
@@ -26,7 +36,9 @@ class UpSampling2D(Module):
         (1, 6, 6, 2)
     """
 
-    def __init__(self, size=2, interpolation="nearest", align_corners=False):
+    def __init__(
+        self, size: int | Sequence[int] = 2, interpolation: str = "nearest", align_corners: bool = False
+    ) -> None:
         super().__init__()
         self.size = args.positive_ints("UpSampling2D", "size", size)
         self.interpolation = args.one_of("UpSampling2D", "interpolation", interpolation, ("nearest", "bilinear"))
@@ -34,10 +46,10 @@ class UpSampling2D(Module):
             raise ValueError("UpSampling2D: align_corners applies to interpolation='bilinear' only")
         self.align_corners = bool(align_corners)
 
-    def forward(self, x):
+    def forward(self, x: TensorLike) -> Tensor:
         x = as_input(self, x, ndim=4, what="NHWC input")
         return upsample2d(x, self.size, self.interpolation, self.align_corners)
 
-    def extra_repr(self):
+    def extra_repr(self) -> str:
         extra = ", align_corners=True" if self.align_corners else ""
         return f"size={self.size}, interpolation={self.interpolation!r}" + extra

@@ -7,10 +7,16 @@ param group is added and when a state dict is loaded, so a bad value (say
 ``lr="fast"``) is refused where it is given, not at ``step()``.
 """
 
+from __future__ import annotations
+
 import math
 import numbers
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping
 
 
 def _real(value):
@@ -26,15 +32,15 @@ def _real(value):
 class Real:
     """A finite real number in ``[low, high]`` (``high`` excluded when ``open_high``)."""
 
-    def __init__(self, low=0.0, high=None, open_high=False):
+    def __init__(self, low: float = 0.0, high: float | None = None, open_high: bool = False) -> None:
         self.low, self.high, self.open_high = low, high, open_high
 
-    def describe(self):
+    def describe(self) -> str:
         if self.high is None:
             return f"a finite number >= {self.low:g}"
         return f"a number in [{self.low:g}, {self.high:g}{')' if self.open_high else ']'}"
 
-    def __call__(self, value):
+    def __call__(self, value: Any) -> float:
         v = _real(value)
         too_high = self.high is not None and (v > self.high or (self.open_high and v == self.high))
         if not math.isfinite(v) or v < self.low or too_high:
@@ -45,7 +51,7 @@ class Real:
 class Flag:
     """``True`` or ``False`` (NumPy booleans accepted; 0 and 1 are not)."""
 
-    def __call__(self, value):
+    def __call__(self, value: Any) -> bool:
         if isinstance(value, np.ndarray) and value.ndim == 0:
             value = value[()]
         if not isinstance(value, (bool, np.bool_)):
@@ -56,10 +62,10 @@ class Flag:
 class Pair:
     """Two numbers, each passing ``item`` (Adam's ``betas``)."""
 
-    def __init__(self, item):
+    def __init__(self, item: Real) -> None:
         self.item = item
 
-    def __call__(self, value):
+    def __call__(self, value: Any) -> tuple[float, ...]:
         if isinstance(value, np.ndarray):
             value = value.tolist()
         if not isinstance(value, (tuple, list)) or len(value) != 2:
@@ -70,7 +76,9 @@ class Pair:
             raise ValueError(f"must be a pair of numbers, each {self.item.describe()}, got {value!r}") from None
 
 
-def checked(owner, checks, values, where):
+def checked(
+    owner: str, checks: Mapping[str, Callable[[Any], Any]], values: Mapping[str, Any], where: str
+) -> dict[str, Any]:
     """``values`` (a mapping holding every name in ``checks``) with each
     hyperparameter in canonical form; the error names ``owner`` (the
     optimizer), the hyperparameter, ``where`` (e.g. "param group 1") and the value."""
@@ -86,13 +94,13 @@ def checked(owner, checks, values, where):
 class Integer:
     """An int ``>= low`` (NumPy integers accepted; booleans and floats are not)."""
 
-    def __init__(self, low=0):
+    def __init__(self, low: int = 0) -> None:
         self.low = low
 
-    def describe(self):
+    def describe(self) -> str:
         return f"an int >= {self.low}"
 
-    def __call__(self, value):
+    def __call__(self, value: Any) -> int:
         if isinstance(value, np.ndarray) and value.ndim == 0:
             value = value[()]
         if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
@@ -105,10 +113,10 @@ class Integer:
 class Choice:
     """One of a few strings."""
 
-    def __init__(self, *options):
+    def __init__(self, *options: str) -> None:
         self.options = options
 
-    def __call__(self, value):
+    def __call__(self, value: Any) -> str:
         if value not in self.options:
             raise ValueError(f"must be one of {', '.join(map(repr, self.options))}, got {value!r}")
         return value
@@ -118,10 +126,10 @@ class PerGroup:
     """One value for every param group, or a list/tuple with one value per group
     (checked with ``item``); gives back the list. ``groups`` is set by the caller."""
 
-    def __init__(self, item, groups):
+    def __init__(self, item: Callable[[Any], Any], groups: int) -> None:
         self.item, self.groups = item, groups
 
-    def __call__(self, value):
+    def __call__(self, value: Any) -> list[Any]:
         if isinstance(value, np.ndarray):
             value = value.tolist()
         values = list(value) if isinstance(value, (list, tuple)) else [value] * self.groups

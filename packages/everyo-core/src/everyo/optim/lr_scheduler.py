@@ -24,11 +24,20 @@ Examples:
     [0.064]
 """
 
+from __future__ import annotations
+
 import bisect
 import math
+from typing import TYPE_CHECKING, Any
 
 from everyo.errors import EveryOStateDictError
 from everyo.optim.hyper import Choice, Flag, Integer, PerGroup, Real, _real, checked
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Sequence
+    from typing import SupportsFloat
+
+    from everyo.optim.optimizer import Optimizer
 
 __all__ = [
     "LRScheduler",
@@ -46,7 +55,7 @@ __all__ = [
 class Milestones:
     """A list of ints > 0 in non-decreasing order."""
 
-    def __call__(self, value):
+    def __call__(self, value: Any) -> list[int]:
         values = [Integer(1)(v) for v in value] if isinstance(value, (list, tuple)) else None
         if values is None or values != sorted(values):
             raise ValueError(f"must be a list of ints > 0 in increasing order, got {value!r}")
@@ -63,7 +72,11 @@ def _optimizer_groups(optimizer, who):
 class LRScheduler:
     """Base class: subclasses set ``_checks()`` (their arguments) and ``_lr(group_index, base_lr)``."""
 
-    def __init__(self, optimizer, last_epoch=-1, **args):
+    optimizer: Optimizer
+    base_lrs: list[float]
+    last_epoch: int
+
+    def __init__(self, optimizer: Optimizer, last_epoch: int = -1, **args: Any) -> None:
         name = type(self).__name__
         self.optimizer = optimizer
         groups = _optimizer_groups(optimizer, name)
@@ -88,15 +101,15 @@ class LRScheduler:
     def _lr(self, i, base_lr):
         raise NotImplementedError(f"{type(self).__name__} must implement _lr(group_index, base_lr)")
 
-    def get_lr(self):
+    def get_lr(self) -> list[float]:
         """The lr of each param group at ``last_epoch``."""
         return [self._lr(i, base) for i, base in enumerate(self.base_lrs)]
 
-    def get_last_lr(self):
+    def get_last_lr(self) -> list[float]:
         """The lr of each param group that the last ``step()`` set."""
         return list(self._last_lr)
 
-    def step(self):
+    def step(self) -> None:
         self.last_epoch += 1
         self._apply()
 
@@ -110,11 +123,11 @@ class LRScheduler:
     def _state_names(self):
         return list(self._checks()) + ["last_epoch", "base_lrs"]
 
-    def state_dict(self):
+    def state_dict(self) -> dict[str, Any]:
         """Everything but the optimizer, as numbers and lists (``eo.save`` takes it)."""
         return {name: _copy(getattr(self, name)) for name in self._state_names()}
 
-    def load_state_dict(self, state_dict):
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore the schedule's arguments and position (validated first), and set
         the groups' lrs for that position."""
         self.__dict__.update(self._validated(state_dict))
@@ -154,7 +167,10 @@ class StepLR(LRScheduler):
         [0.010000000000000002]
     """
 
-    def __init__(self, optimizer, step_size, gamma=0.1, last_epoch=-1):
+    step_size: int
+    gamma: float
+
+    def __init__(self, optimizer: Optimizer, step_size: int, gamma: float = 0.1, last_epoch: int = -1) -> None:
         super().__init__(optimizer, last_epoch, step_size=step_size, gamma=gamma)
 
     def _checks(self):
@@ -177,7 +193,12 @@ class MultiStepLR(LRScheduler):
         [0.0010000000000000002]
     """
 
-    def __init__(self, optimizer, milestones, gamma=0.1, last_epoch=-1):
+    milestones: list[int]
+    gamma: float
+
+    def __init__(
+        self, optimizer: Optimizer, milestones: Sequence[int], gamma: float = 0.1, last_epoch: int = -1
+    ) -> None:
         super().__init__(optimizer, last_epoch, milestones=milestones, gamma=gamma)
 
     def _checks(self):
@@ -199,7 +220,9 @@ class ExponentialLR(LRScheduler):
         [0.095]
     """
 
-    def __init__(self, optimizer, gamma, last_epoch=-1):
+    gamma: float
+
+    def __init__(self, optimizer: Optimizer, gamma: float, last_epoch: int = -1) -> None:
         super().__init__(optimizer, last_epoch, gamma=gamma)
 
     def _checks(self):
@@ -223,7 +246,10 @@ class CosineAnnealingLR(LRScheduler):
         [1e-05]
     """
 
-    def __init__(self, optimizer, T_max, eta_min=0.0, last_epoch=-1):
+    T_max: int
+    eta_min: float
+
+    def __init__(self, optimizer: Optimizer, T_max: int, eta_min: float = 0.0, last_epoch: int = -1) -> None:
         super().__init__(optimizer, last_epoch, T_max=T_max, eta_min=eta_min)
 
     def _checks(self):
@@ -245,7 +271,18 @@ class LinearLR(LRScheduler):
         [0.001]
     """
 
-    def __init__(self, optimizer, start_factor=1.0 / 3, end_factor=1.0, total_iters=5, last_epoch=-1):
+    start_factor: float
+    end_factor: float
+    total_iters: int
+
+    def __init__(
+        self,
+        optimizer: Optimizer,
+        start_factor: float = 1.0 / 3,
+        end_factor: float = 1.0,
+        total_iters: int = 5,
+        last_epoch: int = -1,
+    ) -> None:
         super().__init__(
             optimizer, last_epoch, start_factor=start_factor, end_factor=end_factor, total_iters=total_iters
         )
@@ -280,23 +317,34 @@ class OneCycleLR(LRScheduler):
         40
     """
 
+    max_lr: list[float]
+    total_steps: int
+    pct_start: float
+    anneal_strategy: str
+    cycle_momentum: bool
+    base_momentum: list[float]
+    max_momentum: list[float]
+    div_factor: float
+    final_div_factor: float
+    three_phase: bool
+
     def __init__(
         self,
-        optimizer,
-        max_lr,
-        total_steps=None,
-        epochs=None,
-        steps_per_epoch=None,
-        pct_start=0.3,
-        anneal_strategy="cos",
-        cycle_momentum=True,
-        base_momentum=0.85,
-        max_momentum=0.95,
-        div_factor=25.0,
-        final_div_factor=1e4,
-        three_phase=False,
-        last_epoch=-1,
-    ):
+        optimizer: Optimizer,
+        max_lr: float | Sequence[float],
+        total_steps: int | None = None,
+        epochs: int | None = None,
+        steps_per_epoch: int | None = None,
+        pct_start: float = 0.3,
+        anneal_strategy: str = "cos",
+        cycle_momentum: bool = True,
+        base_momentum: float | Sequence[float] = 0.85,
+        max_momentum: float | Sequence[float] = 0.95,
+        div_factor: float = 25.0,
+        final_div_factor: float = 1e4,
+        three_phase: bool = False,
+        last_epoch: int = -1,
+    ) -> None:
         groups = _optimizer_groups(optimizer, "OneCycleLR")
         self._groups = len(groups)
         if total_steps is None:
@@ -408,7 +456,11 @@ class SequentialLR(LRScheduler):
         [0.1]
     """
 
-    def __init__(self, optimizer, schedulers, milestones, last_epoch=-1):
+    milestones: list[int]
+
+    def __init__(
+        self, optimizer: Optimizer, schedulers: Iterable[LRScheduler], milestones: Sequence[int], last_epoch: int = -1
+    ) -> None:
         groups = _optimizer_groups(optimizer, "SequentialLR")
         schedulers = list(schedulers)
         for k, s in enumerate(schedulers):
@@ -434,7 +486,7 @@ class SequentialLR(LRScheduler):
         k = bisect.bisect_right(self.milestones, self.last_epoch)
         return self._schedulers[k], self.last_epoch - (self.milestones[k - 1] if k else 0)
 
-    def get_lr(self):
+    def get_lr(self) -> list[float]:
         scheduler, epoch = self._active()
         scheduler.last_epoch = epoch
         return scheduler.get_lr()
@@ -445,14 +497,14 @@ class SequentialLR(LRScheduler):
         scheduler._apply()  # OneCycleLR also sets the momentum
         self._last_lr = scheduler.get_last_lr()
 
-    def state_dict(self):
+    def state_dict(self) -> dict[str, Any]:
         return {
             "last_epoch": self.last_epoch,
             "milestones": list(self.milestones),
             "schedulers": [s.state_dict() for s in self._schedulers],
         }
 
-    def load_state_dict(self, state_dict):
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         if not isinstance(state_dict, dict) or set(state_dict) != {"last_epoch", "milestones", "schedulers"}:
             raise EveryOStateDictError(
                 "SequentialLR.load_state_dict needs 'last_epoch', 'milestones' and "
@@ -495,18 +547,32 @@ class ReduceLROnPlateau:
         0.05
     """
 
+    optimizer: Optimizer
+    mode: str
+    factor: float
+    patience: int
+    threshold: float
+    threshold_mode: str
+    cooldown: int
+    min_lr: list[float]
+    eps: float
+    best: float
+    num_bad_epochs: int
+    cooldown_counter: int
+    last_epoch: int
+
     def __init__(
         self,
-        optimizer,
-        mode="min",
-        factor=0.1,
-        patience=10,
-        threshold=1e-4,
-        threshold_mode="rel",
-        cooldown=0,
-        min_lr=0.0,
-        eps=1e-8,
-    ):
+        optimizer: Optimizer,
+        mode: str = "min",
+        factor: float = 0.1,
+        patience: int = 10,
+        threshold: float = 1e-4,
+        threshold_mode: str = "rel",
+        cooldown: int = 0,
+        min_lr: float | Sequence[float] = 0.0,
+        eps: float = 1e-8,
+    ) -> None:
         self.optimizer = optimizer
         groups = _optimizer_groups(optimizer, "ReduceLROnPlateau")
         values = checked(
@@ -549,7 +615,7 @@ class ReduceLROnPlateau:
         bound = self.best * (1 + self.threshold) if self.threshold_mode == "rel" else self.best + self.threshold
         return value > bound
 
-    def step(self, metrics):
+    def step(self, metrics: SupportsFloat) -> None:
         """Record this epoch's ``metrics`` (a number or a one-element Tensor); NaN never improves."""
         value = float(metrics.item() if hasattr(metrics, "item") else metrics)
         self.last_epoch += 1
@@ -568,16 +634,16 @@ class ReduceLROnPlateau:
             self.cooldown_counter, self.num_bad_epochs = self.cooldown, 0
         self._last_lr = [g["lr"] for g in self.optimizer.param_groups]
 
-    def get_last_lr(self):
+    def get_last_lr(self) -> list[float]:
         return list(self._last_lr)
 
     _STATE = ("best", "num_bad_epochs", "cooldown_counter", "last_epoch")
 
-    def state_dict(self):
+    def state_dict(self) -> dict[str, Any]:
         """The arguments and the plateau's progress; the lrs themselves live in the optimizer's state dict."""
         return {name: _copy(getattr(self, name)) for name in (*self._checks(1), *self._STATE)}
 
-    def load_state_dict(self, state_dict):
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         names = {*self._checks(1), *self._STATE}
         if not isinstance(state_dict, dict) or set(state_dict) != names:
             raise EveryOStateDictError(

@@ -1,11 +1,21 @@
 """Optimizer base: param groups, zero_grad and a checkpointable, validated state."""
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, ClassVar, overload
+
 import numpy as np
 
 from everyo import autograd
 from everyo.errors import EveryOStateDictError
 from everyo.optim.hyper import checked
 from everyo.tensor import Tensor
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable, Mapping
+    from typing import TypeVar
+
+    _T = TypeVar("_T")
 
 
 class Optimizer:
@@ -30,9 +40,13 @@ class Optimizer:
         [0.01, 0.0]
     """
 
-    _hyper = {}
+    _hyper: ClassVar[dict[str, Callable[[Any], Any]]] = {}
+    defaults: dict[str, Any]
+    param_groups: list[dict[str, Any]]
+    params: list[Tensor]
+    state: dict[int, dict[str, Any]]
 
-    def __init__(self, params, defaults):
+    def __init__(self, params: Iterable[Tensor] | Iterable[dict[str, Any]], defaults: Mapping[str, Any]) -> None:
         name = type(self).__name__
         self.defaults = checked(name, self._hyper, defaults, "the defaults")
         self._check_group(self.defaults, "the defaults")
@@ -44,7 +58,7 @@ class Optimizer:
                 f"{name}: params must be an iterable of Tensors or of param-group dicts, "
                 f"got a single {type(params).__name__}; wrap it in a list"
             )
-        groups = list(params)
+        groups: list[Any] = list(params)  # Tensors or dicts, told apart below
         if all(isinstance(g, dict) for g in groups):
             for group in groups:
                 self.add_param_group(group)
@@ -56,7 +70,7 @@ class Optimizer:
             raise ValueError(f"{name} got an empty parameter list")
 
     # --- groups ----------------------------------------------------------
-    def add_param_group(self, param_group):
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
         """Add a group: a dict with ``"params"`` and any hyperparameters to override.
 
         Raises ``TypeError``/``ValueError`` naming the group for a bad value, a
@@ -103,7 +117,7 @@ class Optimizer:
 
     # Single-group 0.1 code reads and sets ``opt.lr``; keep that meaning, and
     # refuse it where groups disagree rather than answer for one of them.
-    def __getattr__(self, name):
+    def _hyperparameter(self, name: str) -> Any:
         groups = self.__dict__.get("param_groups")
         if groups is not None and name in type(self)._hyper:
             values = [g[name] for g in groups]
@@ -115,7 +129,12 @@ class Optimizer:
             )
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
-    def __setattr__(self, name, value):
+    if not TYPE_CHECKING:
+        # Hidden from type checkers, which would otherwise accept any attribute
+        # name (typos included); each optimizer declares its hyperparameters.
+        __getattr__ = _hyperparameter
+
+    def __setattr__(self, name: str, value: Any) -> None:
         if name in type(self)._hyper and "param_groups" in self.__dict__:
             for i, group in enumerate(self.param_groups):
                 group.update(checked(type(self).__name__, {name: self._hyper[name]}, {name: value}, f"param group {i}"))
@@ -123,7 +142,7 @@ class Optimizer:
         object.__setattr__(self, name, value)
 
     # --- stepping ----------------------------------------------------------
-    def zero_grad(self, set_to_none=True):
+    def zero_grad(self, set_to_none: bool = True) -> None:
         """Clear every parameter's gradient: ``None`` (default), or zeros when
         ``set_to_none=False``."""
         for p in self.params:
@@ -132,7 +151,11 @@ class Optimizer:
             else:
                 p.grad = np.zeros_like(p.grad)
 
-    def step(self, closure=None):
+    @overload
+    def step(self, closure: None = None) -> None: ...
+    @overload
+    def step(self, closure: Callable[[], _T]) -> _T: ...
+    def step(self, closure: Callable[[], _T] | None = None) -> _T | None:
         """Update the parameters once. ``closure`` (optional) recomputes and
         returns the loss, which ``step`` returns."""
         loss = None
@@ -154,7 +177,7 @@ class Optimizer:
             start += len(params)
 
     # --- checkpoints -------------------------------------------------------
-    def state_dict(self):
+    def state_dict(self) -> dict[str, Any]:
         """``{"state": {"<index>": {...}}, "param_groups": [{..., "params": [indices]}]}``
         (copies; holds only what ``eo.save`` accepts)."""
         groups, start = [], 0
@@ -169,7 +192,7 @@ class Optimizer:
         }
         return {"state": state, "param_groups": groups}
 
-    def load_state_dict(self, state_dict):
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         """Restore param groups' hyperparameters and per-parameter state.
 
         Everything is validated before anything changes: the group structure

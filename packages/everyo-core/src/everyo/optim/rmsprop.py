@@ -1,7 +1,16 @@
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
 import numpy as np
 
 from everyo.optim.hyper import Flag, Real
 from everyo.optim.optimizer import Optimizer
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+    from everyo.tensor import Tensor
 
 
 class RMSprop(Optimizer):
@@ -33,8 +42,24 @@ class RMSprop(Optimizer):
         "momentum": Real(),
         "centered": Flag(),
     }
+    # Read (and set) on the optimizer: every param group's value, where they agree.
+    lr: float
+    alpha: float
+    eps: float
+    weight_decay: float
+    momentum: float
+    centered: bool
 
-    def __init__(self, params, lr=1e-2, alpha=0.99, eps=1e-8, weight_decay=0.0, momentum=0.0, centered=False):
+    def __init__(
+        self,
+        params: Iterable[Tensor] | Iterable[dict[str, Any]],
+        lr: float = 1e-2,
+        alpha: float = 0.99,
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+        momentum: float = 0.0,
+        centered: bool = False,
+    ) -> None:
         super().__init__(
             params, dict(lr=lr, alpha=alpha, eps=eps, weight_decay=weight_decay, momentum=momentum, centered=centered)
         )

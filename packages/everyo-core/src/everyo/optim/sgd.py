@@ -1,7 +1,16 @@
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
 import numpy as np
 
 from everyo.optim.hyper import Flag, Real
 from everyo.optim.optimizer import Optimizer
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+    from everyo.tensor import Tensor
 
 
 class SGD(Optimizer):
@@ -27,8 +36,22 @@ class SGD(Optimizer):
     """
 
     _hyper = {"lr": Real(), "momentum": Real(), "dampening": Real(0.0, 1.0), "nesterov": Flag(), "weight_decay": Real()}
+    # Read (and set) on the optimizer: every param group's value, where they agree.
+    lr: float
+    momentum: float
+    dampening: float
+    nesterov: bool
+    weight_decay: float
 
-    def __init__(self, params, lr=0.01, momentum=0.0, dampening=0.0, nesterov=False, weight_decay=0.0):
+    def __init__(
+        self,
+        params: Iterable[Tensor] | Iterable[dict[str, Any]],
+        lr: float = 0.01,
+        momentum: float = 0.0,
+        dampening: float = 0.0,
+        nesterov: bool = False,
+        weight_decay: float = 0.0,
+    ) -> None:
         super().__init__(
             params, dict(lr=lr, momentum=momentum, dampening=dampening, nesterov=nesterov, weight_decay=weight_decay)
         )
