@@ -11,9 +11,10 @@ import numpy as np
 import everyo as eo
 
 # The spec's first model.
-model = eo.Sequential(eo.Linear(8, 4, seed=0), eo.ReLU(), eo.Linear(4, 1, seed=1))
+first = eo.Linear(8, 4, seed=0)
+model = eo.Sequential(first, eo.ReLU(), eo.Linear(4, 1, seed=1))
 output = model(eo.ones(3, 8))
-print(f"output {output.shape} {output.dtype}; first weight {model[0].weight.shape} {model[0].weight.dtype}")
+print(f"output {output.shape} {output.dtype}; first weight {first.weight.shape} {first.weight.dtype}")
 
 # Learn y = sum of the first four inputs minus the rest, from 2048 noisy samples.
 rng = np.random.default_rng(0)
