@@ -1,12 +1,38 @@
 """Layers (Keras names, NHWC) and losses."""
 
-from everyo.nn.module import Module, Sequential
-from everyo.tensor import Parameter
+from everyo.nn.activation import (
+    ELU,
+    GELU,
+    Dropout,
+    Flatten,
+    Identity,
+    LeakyReLU,
+    LogSoftmax,
+    ReLU,
+    Sigmoid,
+    SiLU,
+    Softmax,
+    Softplus,
+    Tanh,
+)
+from everyo.nn.attention import MultiHeadAttention, causal_mask
+from everyo.nn.container import ModuleDict, ModuleList
+from everyo.nn.conv import AvgPool2D, Conv1D, Conv2D, Conv2DTranspose, MaxPool2D
+from everyo.nn.embedding import Embedding, PositionalEncoding
 from everyo.nn.linear import Linear
-from everyo.nn.conv import Conv2D, MaxPool2D, AvgPool2D
-from everyo.nn.activation import ReLU, Sigmoid, Tanh, Softmax, LogSoftmax, Flatten, Dropout
-from everyo.nn.normalization import BatchNorm1D, BatchNorm2D, LayerNorm
-from everyo.nn.loss import MSELoss, CrossEntropyLoss, BCEWithLogitsLoss
+from everyo.nn.loss import BCEWithLogitsLoss, CrossEntropyLoss, MSELoss
+from everyo.nn.module import Module, Sequential
+from everyo.nn.normalization import BatchNorm1D, BatchNorm2D, GroupNorm, LayerNorm
+from everyo.nn.pooling import GlobalAveragePooling2D, GlobalMaxPooling2D
+from everyo.nn.recurrent import GRU, LSTM, RNN
+from everyo.nn.transformer import (
+    TransformerDecoder,
+    TransformerDecoderLayer,
+    TransformerEncoder,
+    TransformerEncoderLayer,
+)
+from everyo.nn.upsampling import UpSampling2D
+from everyo.tensor import Parameter
 
 __all__ = [
     "Module",
@@ -29,18 +55,6 @@ __all__ = [
     "MSELoss",
     "CrossEntropyLoss",
     "BCEWithLogitsLoss",
-]
-from everyo.nn.embedding import Embedding, PositionalEncoding
-from everyo.nn.recurrent import RNN, LSTM, GRU
-from everyo.nn.attention import MultiHeadAttention, causal_mask
-from everyo.nn.transformer import (
-    TransformerEncoderLayer,
-    TransformerDecoderLayer,
-    TransformerEncoder,
-    TransformerDecoder,
-)
-
-__all__ += [
     "Embedding",
     "PositionalEncoding",
     "RNN",
@@ -52,14 +66,6 @@ __all__ += [
     "TransformerDecoderLayer",
     "TransformerEncoder",
     "TransformerDecoder",
-]
-from everyo.nn.activation import GELU, SiLU, LeakyReLU, ELU, Softplus, Identity
-from everyo.nn.conv import Conv1D, Conv2DTranspose
-from everyo.nn.pooling import GlobalAveragePooling2D, GlobalMaxPooling2D
-from everyo.nn.upsampling import UpSampling2D
-from everyo.nn.normalization import GroupNorm
-
-__all__ += [
     "GELU",
     "SiLU",
     "LeakyReLU",
@@ -72,8 +78,6 @@ __all__ += [
     "GlobalMaxPooling2D",
     "UpSampling2D",
     "GroupNorm",
+    "ModuleList",
+    "ModuleDict",
 ]
-
-from everyo.nn.container import ModuleList, ModuleDict
-
-__all__ += ["ModuleList", "ModuleDict"]
