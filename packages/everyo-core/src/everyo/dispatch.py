@@ -89,7 +89,7 @@ KINDS = frozenset(
         "cast",  # dtype conversion
         "random",  # draws random numbers (dropout)
         "loss",  # fused losses (always float32 or wider)
-        "fused",  # a whole recurrence in one node (rnn/lstm/gru scans)
+        "fused",  # several steps in one node (rnn/lstm/gru scans, normalize)
     }
 )
 
