@@ -59,8 +59,11 @@ def _arrays(obj, seen, out, depth=0):
 
 
 def _name(fn):
-    q = getattr(fn, "__qualname__", repr(fn))
-    return q.replace(".<locals>", "")
+    q = getattr(fn, "__qualname__", repr(fn)).replace(".<locals>", "")
+    cells = dict(zip(fn.__code__.co_freevars, fn.__closure__ or ())) if hasattr(fn, "__code__") else {}
+    if "inner" in cells:  # the 16-bit wrapper of everyo.low_precision: name the op inside
+        return _name(cells["inner"].cell_contents) + " (16-bit in float32)"
+    return q
 
 
 def saved(loss, exclude):

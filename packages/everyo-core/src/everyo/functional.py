@@ -672,8 +672,10 @@ def dropout(a, p=0.5, training=True, rng=None):
     if not 0 <= p < 1:
         raise ValueError(f"dropout probability must be in [0, 1), got {p}")
     rng = rng if rng is not None else default_generator()  # eo.manual_seed makes it reproducible
-    mask = (rng.random(a.data.shape) >= p).astype(a.data.dtype) * np.asarray(1.0 / (1.0 - p), a.data.dtype)
-    return Tensor._from_op(a.data * mask, (a,), lambda g: (g * mask,))
+    keep = rng.random(a.data.shape) >= p
+    scale = np.asarray(1.0 / (1.0 - p), a.data.dtype)
+    # Backward keeps the boolean mask (a quarter of a float32 one) and rebuilds the scaled mask from it.
+    return Tensor._from_op(a.data * (keep * scale), (a,), lambda g: (g * (keep * scale),))
 
 
 # --- Tensor methods and operators -----------------------------------------------

@@ -1,0 +1,83 @@
+"""The graph that 16-bit elementwise ops build (everyo.low_precision): the
+debugging aid detect_inplace_writes, the names errors give, and gradients when
+an op's backward reads no operand value (their float32 copies are not rebuilt)."""
+
+import numpy as np
+import pytest
+
+import everyo as eo
+from everyo.errors import EveryOInPlaceError
+
+
+def _x(dtype=np.float16, requires_grad=True):
+    return eo.tensor(np.array([0.5, 1.0, 2.0, -3.0], dtype), requires_grad=requires_grad)
+
+
+def test_detect_inplace_writes_sees_no_change_where_there_is_none():
+    x = _x()
+    with eo.autograd.detect_inplace_writes():
+        y = (eo.tanh(x) * x + x).sum()
+        y.backward()
+    expected = _x(np.float32)
+    (eo.tanh(expected) * expected + expected).sum().backward()
+    np.testing.assert_allclose(x.grad.astype(np.float32), expected.grad, rtol=2**-7)  # three 16-bit roundings
+
+
+def test_detect_inplace_writes_catches_a_real_write_into_a_16_bit_operand():
+    x = _x()
+    with eo.autograd.detect_inplace_writes():
+        h = x * 2.0
+        y = (h * h).sum()
+        h.data[0] = 7  # behind EveryO's back
+        with pytest.raises(EveryOInPlaceError, match="mul"):
+            y.backward()
+
+
+def test_in_place_errors_name_the_op_not_the_wrapper():
+    x = _x()
+    h = x * 2.0
+    y = (h * h).sum()
+    h.data = h.data + np.float16(1)
+    with pytest.raises(EveryOInPlaceError, match=r"backward through (mul|astype): .*output of mul") as info:
+        y.backward()
+    assert "_finish" not in str(info.value) and "_rounding" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "op", [lambda a, b: a + b, lambda a, b: a - b, lambda a, b: eo.tanh(a) + eo.exp(b), lambda a, b: eo.sqrt(b) - a]
+)
+def test_value_free_backwards_give_the_float32_gradients_rounded(op):
+    a, b = _x(), eo.tensor(np.array([1.0, 0.25, 4.0, 3.0], np.float16), requires_grad=True)
+    op(a, b).sum().backward()
+    a32, b32 = (eo.tensor(t.data.astype(np.float32), requires_grad=True) for t in (a, b))
+    op(a32, b32).sum().backward()
+    for t, r in ((a, a32), (b, b32)):
+        assert t.grad.dtype == np.float16
+        np.testing.assert_array_equal(t.grad, r.grad.astype(np.float16))
+
+
+def test_softmax_under_autocast_keeps_no_float32_copy_of_its_input():
+    import tracemalloc
+
+    rng = np.random.default_rng(0)
+    scores = eo.tensor(rng.standard_normal((64, 4, 32, 32)).astype(np.float16), requires_grad=True)
+
+    def held():
+        tracemalloc.start()
+        base = tracemalloc.get_traced_memory()[0]
+        with eo.autocast():
+            out = eo.softmax(scores, axis=-1)
+        used = tracemalloc.get_traced_memory()[0] - base
+        tracemalloc.stop()
+        return out, used
+
+    held()  # warm-up
+    out, used = held()
+    assert out.dtype == np.float32  # softmax stays float32 under autocast (the spec's list)
+    assert used <= 1.1 * out.data.nbytes  # the output only, not also a float32 copy of the input
+    g = rng.standard_normal(out.shape).astype(np.float32)
+    out.backward(g)
+    ref = eo.tensor(scores.data.astype(np.float32), requires_grad=True)
+    eo.softmax(ref, axis=-1).backward(g)
+    assert scores.grad.dtype == np.float16
+    np.testing.assert_array_equal(scores.grad, ref.grad.astype(np.float16))
