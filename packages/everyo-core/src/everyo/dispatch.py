@@ -22,9 +22,12 @@ Categories (what the policy is asked to do with the operands):
 
 ``LOW_PRECISION``  matmul, the fused linear ``x @ W + b``, conv2d (with bias).
 ``FLOAT32``        reductions (sum, mean, var), exp, log, pow, softmax,
-                   log_softmax, normalisation statistics and every loss.
+                   log_softmax and every loss.
 ``None``           runs in its inputs' dtype (mixed float16/float32 binary
-                   ops promote to the wider type, as NumPy does).
+                   ops promote to the wider type, as NumPy does). The
+                   normalisation op (``normalize``) is one of these: it
+                   computes its statistics in float32 itself and returns
+                   its input's type.
 
 Kinds (what the op is, so a policy or a tracer can treat a family alike):
 see :data:`KINDS`.
