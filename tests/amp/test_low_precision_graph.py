@@ -81,3 +81,35 @@ def test_softmax_under_autocast_keeps_no_float32_copy_of_its_input():
     eo.softmax(ref, axis=-1).backward(g)
     assert scores.grad.dtype == np.float16
     np.testing.assert_array_equal(scores.grad, ref.grad.astype(np.float16))
+
+
+def _pair(shape_a, shape_b, dtype=np.float16, seed=0):
+    rng = np.random.default_rng(seed)
+    return (eo.tensor(rng.standard_normal(s).astype(dtype), requires_grad=True) for s in (shape_a, shape_b))
+
+
+@pytest.mark.parametrize(
+    "op",
+    [
+        lambda a, b: a + b,
+        lambda a, b: a - b,
+        lambda a, b: -a + b,
+        lambda a, b: a + a - b,
+        lambda a, b: eo.relu(a) + eo.relu(b),  # each operand's gradient goes on into an in-place 16-bit ReLU backward
+    ],
+    ids=["add", "sub", "neg", "same_operand_twice", "into_relu"],
+)
+@pytest.mark.parametrize("shapes", [((3, 4), (3, 4)), ((3, 4), (4,)), ((1, 4), (3, 1))], ids=["same", "bcast", "both"])
+def test_pass_through_gradients_equal_numpys_16_bit_backward(op, shapes):
+    # add/sub/neg hand an unsummed 16-bit gradient on without rounding it again:
+    # the result must still be exactly the float32 gradient rounded once per op.
+    a, b = _pair(*shapes)
+    g = np.random.default_rng(9).standard_normal(np.broadcast_shapes(*shapes)).astype(np.float16)
+    out = op(a, b)
+    assert out.dtype == np.float16
+    out.backward(g)
+    a32, b32 = (eo.tensor(t.data.astype(np.float32), requires_grad=True) for t in (a, b))
+    op(a32, b32).backward(g.astype(np.float32))
+    for t, r in ((a, a32), (b, b32)):
+        assert t.grad.dtype == np.float16
+        np.testing.assert_array_equal(t.grad, r.grad.astype(np.float16))

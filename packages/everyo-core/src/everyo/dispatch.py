@@ -296,13 +296,14 @@ def _in_float32(op):
     and rounded once (everyo.low_precision); anything else goes straight through."""
     forward, slots = op.forward, op._slots
     reads_operands = op.name not in _READS_NO_OPERAND
+    passes_gradient = op.name in ("add", "sub", "neg")
 
     def run(*args, **kwargs):
         global _low_precision
         if _low_precision is None:
             from everyo import low_precision as _low_precision
         if _low_precision.low_precision_operands(slots, args, kwargs):
-            return _low_precision.call_in_float32(forward, slots, args, kwargs, reads_operands)
+            return _low_precision.call_in_float32(forward, slots, args, kwargs, reads_operands, passes_gradient)
         return forward(*args, **kwargs)
 
     return run

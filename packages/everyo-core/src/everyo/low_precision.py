@@ -34,7 +34,7 @@ Examples:
 import numpy as np
 
 from everyo import autograd
-from everyo.half import _down, _rounded, _up, is_low_precision
+from everyo.half import Rounded, _down, _rounded, _up, is_low_precision
 from everyo.tensor import Tensor
 
 _F32 = np.dtype(np.float32)
@@ -61,12 +61,15 @@ def low_precision_operands(slots, args, kwargs):
     return False
 
 
-def call_in_float32(forward, slots, args, kwargs, reads_operands=True):
+def call_in_float32(forward, slots, args, kwargs, reads_operands=True, passes_gradient=False):
     """``forward(*args, **kwargs)`` with its 16-bit Tensor operands computed in
     float32 and the result (and the gradients) rounded once; see the module
     docstring. ``slots`` as for :func:`low_precision_operands`.
     ``reads_operands=False`` says the op's backward never reads its operands'
-    values (add, tanh, ...): their float32 copies are then not rebuilt for it."""
+    values (add, tanh, ...): their float32 copies are then not rebuilt for it.
+    ``passes_gradient=True`` says each operand's gradient is the incoming one
+    or its negation, summed over broadcast axes (add, sub, neg): where nothing
+    was summed it already holds 16-bit values and is handed on unrounded."""
     args, kwargs = list(args), dict(kwargs)
     ups = {}  # id(16-bit operand) -> (operand, its float32 cast); id(cast) -> the same
     floating = []  # every floating operand's dtype, to find the result's
@@ -89,7 +92,7 @@ def call_in_float32(forward, slots, args, kwargs, reads_operands=True):
     target = low.pop() if len(low) == 1 and all(is_low_precision(d) for d in floating) else None
     out = forward(*args, **kwargs)
     if isinstance(out, Tensor):
-        return _finish(out, ups, target, reads_operands)
+        return _finish(out, ups, target, reads_operands, passes_gradient)
     if isinstance(out, (list, tuple)):
         return type(out)(_finish(o, ups, target, reads_operands) if isinstance(o, Tensor) else o for o in out)
     return out
@@ -128,7 +131,7 @@ def _placeholder(like):
     return np.broadcast_to(np.zeros((), like.dtype), like.shape)
 
 
-def _finish(out, ups, target, reads_operands=True):
+def _finish(out, ups, target, reads_operands=True, passes_gradient=False):
     if id(out) in ups:  # the op handed an operand back (dropout with p=0)
         return ups[id(out)][0]
     if target is not None and out.data.dtype == _F32:
@@ -153,7 +156,45 @@ def _finish(out, ups, target, reads_operands=True):
     for _, twin in twins:
         twin._data = _placeholder(twin._data)
         stubs.append(twin._data)
+    if passes_gradient and target is not None:
+        return _pass_through(out, ups)
     return _wrap_backward(out, twins, stubs, target, reads_operands)
+
+
+def _pass_through(out, ups):
+    """add, sub, neg with every floating operand of one 16-bit type: the node
+    hangs on the 16-bit operands themselves (not on their float32 twins), and
+    an operand's gradient that was not summed over broadcast axes -- the
+    incoming 16-bit gradient or its negation, exact -- is handed on as a
+    :class:`~everyo.half.Rounded` without rounding it again; a summed one is
+    rounded once, as the twin would have."""
+    operands = []
+    for parent in out._parents:
+        entry = ups.get(id(parent))
+        operands.append(entry[0] if entry is not None and entry[1] is parent else parent)
+    out._parents = tuple(operands)
+    inner = out._backward
+
+    def backward(g):
+        g32 = _up(g)
+        grads, handed = [], set()
+        for grad, operand in zip(inner(g32), operands):
+            if grad is None or not is_low_precision(operand.data.dtype):
+                grads.append(grad)
+            elif grad.shape == g32.shape:
+                if id(grad) in handed:  # add hands one array to both operands: each gets its own
+                    grad = grad.copy()
+                handed.add(id(grad))
+                grads.append(Rounded(grad, operand.data.dtype))
+            else:
+                grads.append(_rounded(grad, operand.data.dtype))
+        return tuple(grads)
+
+    backward.accepts_deferred = True
+    backward.__qualname__ = getattr(inner, "__qualname__", backward.__qualname__)
+    backward.__module__ = getattr(inner, "__module__", backward.__module__)
+    out._backward = backward
+    return out
 
 
 def _wrap_backward(out, twins, stubs, target, reads_operands):
