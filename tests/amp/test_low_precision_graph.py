@@ -113,3 +113,57 @@ def test_pass_through_gradients_equal_numpys_16_bit_backward(op, shapes):
     for t, r in ((a, a32), (b, b32)):
         assert t.grad.dtype == np.float16
         np.testing.assert_array_equal(t.grad, r.grad.astype(np.float16))
+
+
+def _attention_like(q, k, w, hooked):
+    """16-bit chain through matmul, reshape, transpose, ReLU and a linear; with
+    ``hooked`` every intermediate gets a hook, which makes autograd
+    materialize each gradient as a real 16-bit array (no Rounded hand-over)."""
+    steps = []
+
+    def keep(t):
+        if hooked:
+            t.register_hook(lambda g: None)
+        steps.append(t)
+        return t
+
+    scores = keep(eo.matmul(q, eo.transpose(k, (0, 1, 3, 2))))
+    merged = keep(eo.reshape(eo.transpose(keep(eo.relu(scores)), (0, 2, 1, 3)), (2, 5, 4 * 5)))
+    return eo.linear(merged, w).sum()
+
+
+def test_matmul_and_shape_ops_hand_16_bit_gradients_on_exactly():
+    rng = np.random.default_rng(3)
+
+    def leaves():
+        q = eo.tensor(rng.standard_normal((2, 4, 5, 3)).astype(np.float16), requires_grad=True)
+        k = eo.tensor(rng.standard_normal((2, 4, 5, 3)).astype(np.float16), requires_grad=True)
+        w = eo.tensor(rng.standard_normal((20, 6)).astype(np.float16), requires_grad=True)
+        return q, k, w
+
+    base = leaves()
+    plain = [eo.tensor(t.data.copy(), requires_grad=True) for t in base]
+    hooked = [eo.tensor(t.data.copy(), requires_grad=True) for t in base]
+    _attention_like(*plain, hooked=False).backward()
+    _attention_like(*hooked, hooked=True).backward()
+    for p, h in zip(plain, hooked):
+        assert p.grad.dtype == np.float16
+        np.testing.assert_array_equal(p.grad.view(np.uint16), h.grad.view(np.uint16))
+
+
+@pytest.mark.parametrize("low", ["float16", "bfloat16"])
+def test_batched_16_bit_matmul_gradients_are_the_float32_ones_rounded_once(low):
+    dt = np.dtype(np.float16) if low == "float16" else np.dtype(pytest.importorskip("ml_dtypes").bfloat16)
+    rng = np.random.default_rng(4)
+    a = eo.tensor(rng.standard_normal((3, 2, 5, 4)).astype(np.float32).astype(dt), requires_grad=True)
+    b = eo.tensor(rng.standard_normal((3, 2, 4, 6)).astype(np.float32).astype(dt), requires_grad=True)
+    g = rng.standard_normal((3, 2, 5, 6)).astype(np.float32).astype(dt)
+    out = eo.matmul(a, b)
+    out.backward(g)
+    a32, b32 = (eo.tensor(t.data.astype(np.float32), requires_grad=True) for t in (a, b))
+    ref = eo.matmul(a32, b32)
+    ref.backward(g.astype(np.float32))
+    np.testing.assert_array_equal(out.data.view(np.uint16), ref.data.astype(dt).view(np.uint16))
+    for t, r in ((a, a32), (b, b32)):
+        assert t.grad.dtype == dt
+        np.testing.assert_array_equal(t.grad.view(np.uint16), r.grad.astype(dt).view(np.uint16))

@@ -188,6 +188,14 @@ def matmul(a, b):
     """Matrix product with NumPy's broadcasting rules (1-D operands allowed)."""
     a, b = _t(a), _t(b)
     x, y = a.data, b.data
+    if (
+        x.dtype == y.dtype
+        and is_low_precision(x.dtype)
+        and x.ndim >= 2
+        and y.ndim >= 2
+        and x.shape[:-2] == y.shape[:-2]
+    ):
+        return _matmul_half(a, b)
     out = _mm(x, y)
 
     def backward(g):
@@ -207,6 +215,27 @@ def matmul(a, b):
             gb = unbroadcast(gb, y2.shape).reshape(y.shape)
         return ga, gb
 
+    return Tensor._from_op(out, (a, b), backward)
+
+
+def _matmul_half(a, b):
+    # Two 16-bit operands with the same batch axes (attention's products): as
+    # _mm's 16-bit path in forward; in backward the incoming gradient is taken
+    # as a Rounded, converted up once for both products, and each gradient is
+    # rounded once and handed on as a Rounded (nothing to sum over broadcast
+    # axes here), the values _mm would give, without encoding them.
+    x, y = a.data, b.data
+    dt = x.dtype
+    out = _down(np.matmul(_up(x), _up(y)), dt)
+
+    @takes_rounded
+    def backward(g):
+        g32 = _up(g)
+        ga = _rounded(np.matmul(g32, np.swapaxes(_up(y), -1, -2)), dt) if a.requires_grad else None
+        gb = _rounded(np.matmul(np.swapaxes(_up(x), -1, -2), g32), dt) if b.requires_grad else None
+        return ga, gb
+
+    backward.__qualname__ = "matmul.<locals>.backward"
     return Tensor._from_op(out, (a, b), backward)
 
 
@@ -535,7 +564,22 @@ def reshape(a, *shape):
         raise EveryOShapeError(
             f"reshape: cannot reshape a tensor of shape {old} ({a.data.size} elements) to {shape}: {exc}"
         ) from None
-    return Tensor._from_op(out, (a,), lambda g: (g.reshape(old),))
+    return Tensor._from_op(out, (a,), _moves("reshape", lambda g: g.reshape(old)))
+
+
+def _moves(op, move):
+    """A shape op's backward, ``move`` applied to the gradient; a 16-bit
+    gradient held as float32 values (a Rounded) stays one: moving values
+    rounds nothing."""
+
+    @takes_rounded
+    def backward(g):
+        if isinstance(g, Rounded):
+            return (Rounded(move(g.f32), g.dtype),)
+        return (move(g),)
+
+    backward.__qualname__ = f"{op}.<locals>.backward"
+    return backward
 
 
 @primitive("flatten", kind="shape")
@@ -557,7 +601,7 @@ def transpose(a, *axes):
     else:
         axes = check_permutation(axes, a.data.shape, "transpose")
     inverse = tuple(np.argsort(axes))
-    return Tensor._from_op(a.data.transpose(axes), (a,), lambda g: (g.transpose(inverse),))
+    return Tensor._from_op(a.data.transpose(axes), (a,), _moves("transpose", lambda g: g.transpose(inverse)))
 
 
 def _is_advanced(index):
