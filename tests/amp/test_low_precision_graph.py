@@ -167,3 +167,19 @@ def test_batched_16_bit_matmul_gradients_are_the_float32_ones_rounded_once(low):
     for t, r in ((a, a32), (b, b32)):
         assert t.grad.dtype == dt
         np.testing.assert_array_equal(t.grad.view(np.uint16), r.grad.astype(dt).view(np.uint16))
+
+
+def test_16_bit_matmul_of_a_column_and_a_row_matches_float32_rounded():
+    # The outer-product shape (_mm multiplies instead of calling BLAS there).
+    rng = np.random.default_rng(5)
+    a = eo.tensor(rng.standard_normal((6, 1)).astype(np.float16), requires_grad=True)
+    b = eo.tensor(rng.standard_normal((1, 7)).astype(np.float16), requires_grad=True)
+    g = rng.standard_normal((6, 7)).astype(np.float16)
+    out = a @ b
+    out.backward(g)
+    a32, b32 = (eo.tensor(t.data.astype(np.float32), requires_grad=True) for t in (a, b))
+    ref = a32 @ b32
+    ref.backward(g.astype(np.float32))
+    np.testing.assert_array_equal(out.data, ref.data.astype(np.float16))
+    np.testing.assert_array_equal(a.grad, a32.grad.astype(np.float16))
+    np.testing.assert_array_equal(b.grad, b32.grad.astype(np.float16))

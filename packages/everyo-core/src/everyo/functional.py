@@ -226,13 +226,13 @@ def _matmul_half(a, b):
     # axes here), the values _mm would give, without encoding them.
     x, y = a.data, b.data
     dt = x.dtype
-    out = _down(np.matmul(_up(x), _up(y)), dt)
+    out = _down(_mm(_up(x), _up(y)), dt)
 
     @takes_rounded
     def backward(g):
         g32 = _up(g)
-        ga = _rounded(np.matmul(g32, np.swapaxes(_up(y), -1, -2)), dt) if a.requires_grad else None
-        gb = _rounded(np.matmul(np.swapaxes(_up(x), -1, -2), g32), dt) if b.requires_grad else None
+        ga = _rounded(_mm(g32, np.swapaxes(_up(y), -1, -2)), dt) if a.requires_grad else None
+        gb = _rounded(_mm(np.swapaxes(_up(x), -1, -2), g32), dt) if b.requires_grad else None
         return ga, gb
 
     backward.__qualname__ = "matmul.<locals>.backward"
