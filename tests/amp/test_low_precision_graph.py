@@ -183,3 +183,33 @@ def test_16_bit_matmul_of_a_column_and_a_row_matches_float32_rounded():
     np.testing.assert_array_equal(out.data, ref.data.astype(np.float16))
     np.testing.assert_array_equal(a.grad, a32.grad.astype(np.float16))
     np.testing.assert_array_equal(b.grad, b32.grad.astype(np.float16))
+
+
+@pytest.mark.parametrize("op", [eo.tanh, eo.sigmoid, eo.sqrt, eo.exp], ids=["tanh", "sigmoid", "sqrt", "exp"])
+def test_unary_16_bit_ops_keep_no_float32_output_and_recompute_it_exactly(op):
+    import tracemalloc
+
+    rng = np.random.default_rng(6)
+    x = eo.tensor(np.abs(rng.standard_normal((256, 256))).astype(np.float16), requires_grad=True)
+
+    def run():
+        tracemalloc.start()
+        base = tracemalloc.get_traced_memory()[0]
+        out = op(x)
+        used = tracemalloc.get_traced_memory()[0] - base
+        tracemalloc.stop()
+        return out, used
+
+    run()  # warm-up
+    out, used = run()
+    assert out.dtype == np.float16
+    assert used <= 1.2 * out.data.nbytes  # the 16-bit output, no float32 one beside it
+    g = rng.standard_normal(out.shape).astype(np.float16)
+    out.backward(g, retain_graph=True)
+    first = x.grad.copy()
+    x.grad = None
+    out.backward(g)  # a second pass over the retained graph recomputes again
+    ref = eo.tensor(x.data.astype(np.float32), requires_grad=True)
+    op(ref).backward(g.astype(np.float32))
+    np.testing.assert_array_equal(first, ref.grad.astype(np.float16))
+    np.testing.assert_array_equal(x.grad, first)

@@ -103,6 +103,10 @@ FLOAT32_COMPUTE_KINDS = frozenset({"elementwise", "reduction", "random"})
 _OWN_16BIT_PATH = frozenset({"relu"})
 # Ops of those kinds whose backward reads no operand value (only shapes, or
 # arrays it saved itself): their operands' float32 copies are not rebuilt.
+# Unary ops whose backward uses their own float32 output: on 16-bit operands
+# they keep none, and run their float32 forward again in backward (cheap,
+# and the same values), so backward holds 16-bit arrays only.
+_RECOMPUTED = frozenset({"tanh", "sigmoid", "sqrt", "exp"})
 _READS_NO_OPERAND = frozenset(
     {"add", "sub", "neg", "sum", "mean", "exp", "sqrt", "tanh", "sigmoid", "dropout", "softmax", "log_softmax"}
 )
@@ -297,13 +301,16 @@ def _in_float32(op):
     forward, slots = op.forward, op._slots
     reads_operands = op.name not in _READS_NO_OPERAND
     passes_gradient = op.name in ("add", "sub", "neg")
+    recompute = op.name in _RECOMPUTED
 
     def run(*args, **kwargs):
         global _low_precision
         if _low_precision is None:
             from everyo import low_precision as _low_precision
         if _low_precision.low_precision_operands(slots, args, kwargs):
-            return _low_precision.call_in_float32(forward, slots, args, kwargs, reads_operands, passes_gradient)
+            return _low_precision.call_in_float32(
+                forward, slots, args, kwargs, reads_operands, passes_gradient, recompute
+            )
         return forward(*args, **kwargs)
 
     return run

@@ -61,7 +61,7 @@ def low_precision_operands(slots, args, kwargs):
     return False
 
 
-def call_in_float32(forward, slots, args, kwargs, reads_operands=True, passes_gradient=False):
+def call_in_float32(forward, slots, args, kwargs, reads_operands=True, passes_gradient=False, recompute=False):
     """``forward(*args, **kwargs)`` with its 16-bit Tensor operands computed in
     float32 and the result (and the gradients) rounded once; see the module
     docstring. ``slots`` as for :func:`low_precision_operands`.
@@ -69,7 +69,11 @@ def call_in_float32(forward, slots, args, kwargs, reads_operands=True, passes_gr
     values (add, tanh, ...): their float32 copies are then not rebuilt for it.
     ``passes_gradient=True`` says each operand's gradient is the incoming one
     or its negation, summed over broadcast axes (add, sub, neg): where nothing
-    was summed it already holds 16-bit values and is handed on unrounded."""
+    was summed it already holds 16-bit values and is handed on unrounded.
+    ``recompute=True`` (unary ops whose backward uses their float32 output:
+    tanh, sigmoid, sqrt, exp) keeps no float32 output for backward: backward
+    runs the float32 forward again on the rebuilt float32 operand (the same
+    values, so the same gradient) and uses that node's backward."""
     args, kwargs = list(args), dict(kwargs)
     ups = {}  # id(16-bit operand) -> (operand, its float32 cast); id(cast) -> the same
     floating = []  # every floating operand's dtype, to find the result's
@@ -92,7 +96,8 @@ def call_in_float32(forward, slots, args, kwargs, reads_operands=True, passes_gr
     target = low.pop() if len(low) == 1 and all(is_low_precision(d) for d in floating) else None
     out = forward(*args, **kwargs)
     if isinstance(out, Tensor):
-        return _finish(out, ups, target, reads_operands, passes_gradient)
+        again = (forward, args, kwargs) if recompute and target is not None else None
+        return _finish(out, ups, target, reads_operands, passes_gradient, again)
     if isinstance(out, (list, tuple)):
         return type(out)(_finish(o, ups, target, reads_operands) if isinstance(o, Tensor) else o for o in out)
     return out
@@ -131,7 +136,7 @@ def _placeholder(like):
     return np.broadcast_to(np.zeros((), like.dtype), like.shape)
 
 
-def _finish(out, ups, target, reads_operands=True, passes_gradient=False):
+def _finish(out, ups, target, reads_operands=True, passes_gradient=False, again=None):
     if id(out) in ups:  # the op handed an operand back (dropout with p=0)
         return ups[id(out)][0]
     if target is not None and out.data.dtype == _F32:
@@ -158,7 +163,31 @@ def _finish(out, ups, target, reads_operands=True, passes_gradient=False):
         stubs.append(twin._data)
     if passes_gradient and target is not None:
         return _pass_through(out, ups)
+    if again is not None:
+        return _recomputing(out, twins, stubs, again)
     return _wrap_backward(out, twins, stubs, target, reads_operands)
+
+
+def _recomputing(out, twins, stubs, again):
+    """``out``'s backward without the float32 arrays its closure saved: the
+    op's float32 forward runs again in backward (see :func:`call_in_float32`)."""
+    forward, args, kwargs = again
+    name = getattr(out._backward, "__qualname__", None)
+    module = getattr(out._backward, "__module__", None)
+
+    def backward(g):
+        for (operand, twin), stub in zip(twins, stubs):
+            if twin._data is stub:
+                twin._data = _up(operand.data)
+        with autograd.enable_grad():
+            rebuilt = forward(*args, **kwargs)
+        return rebuilt._backward(_up(g))
+
+    backward.accepts_deferred = True
+    if name is not None:
+        backward.__qualname__, backward.__module__ = name, module
+    out._backward = backward  # the forward's closure (and its float32 output) goes now
+    return out
 
 
 def _pass_through(out, ups):
