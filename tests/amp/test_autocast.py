@@ -66,8 +66,17 @@ FLOAT32_OPS = {
     "mse_loss": lambda o: eo.mse_loss(o["logits"], o["target"]),
     "cross_entropy": lambda o: eo.cross_entropy(o["logits"], np.array([0, 2, 1, 0])),
     "bce_with_logits": lambda o: eo.binary_cross_entropy_with_logits(o["logits"], o["target"]),
+}
+
+# Normalisation layers compute their statistics and the normalisation in
+# float32 but follow their input's type (Keras's mixed_float16): float16
+# activations stay float16 downstream; float32 ones are not cast down.
+NORMALIZATION_LAYERS = {
     "LayerNorm": lambda o: eo.LayerNorm(5)(o["a"]),
     "BatchNorm1D": lambda o: eo.BatchNorm1D(5)(o["a"]),
+    "BatchNorm1D_eval": lambda o: eo.BatchNorm1D(5).eval()(o["a"]),
+    "BatchNorm2D": lambda o: eo.BatchNorm2D(3)(o["img"]),
+    "GroupNorm": lambda o: eo.GroupNorm(1, 3)(o["img"]),
 }
 
 FOLLOW_INPUT_OPS = {
@@ -103,11 +112,10 @@ def test_float32_ops_cast_float16_inputs_up_under_autocast(name):
         out = FLOAT32_OPS[name](_operands("float16"))
     assert out.dtype == "float32"
     # outside autocast the same float16 inputs stay float16, except that
-    # float32 parameters promote (LayerNorm/BatchNorm's affine) and losses
-    # always run in float32 (core's rule: the spec computes the loss after
-    # the autocast block, on float16 predictions)
+    # losses always run in float32 (core's rule: the spec computes the loss
+    # after the autocast block, on float16 predictions)
     out = FLOAT32_OPS[name](_operands("float16"))
-    promoted = ("LayerNorm", "BatchNorm1D", "mse_loss", "cross_entropy", "bce_with_logits")
+    promoted = ("mse_loss", "cross_entropy", "bce_with_logits")
     expected = "float32" if name in promoted else "float16"
     assert out.dtype == expected
 
@@ -117,6 +125,15 @@ def test_float32_ops_cast_float16_inputs_up_under_autocast(name):
 def test_other_ops_follow_their_input_under_autocast(name, dtype):
     with eo.autocast():
         out = FOLLOW_INPUT_OPS[name](_operands(dtype))
+    assert out.dtype == dtype
+
+
+@pytest.mark.parametrize("name", sorted(NORMALIZATION_LAYERS))
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("enabled", [True, False])
+def test_normalization_layers_follow_their_input(name, dtype, enabled):
+    with eo.autocast(enabled):
+        out = NORMALIZATION_LAYERS[name](_operands(dtype))
     assert out.dtype == dtype
 
 

@@ -7,6 +7,7 @@ import pytest
 
 import everyo as eo
 from everyo import dispatch
+from everyo.normalization_ops import normalize
 from everyo.sequence_ops import split
 
 from onnx_agreement import assert_traced_agrees
@@ -179,6 +180,14 @@ OPS = [
     ),
     ("upsample2d", lambda m, x: eo.upsample2d(x, (3, 2)), floats(3, 4, 2), {}),
     ("upsample2d_bilinear", lambda m, x: eo.upsample2d(x, 2, "bilinear"), floats(3, 4, 2), {}),
+    ("normalize_trailing", lambda m, x: normalize(x, m.w, m.b, (1, 2)), floats(3, 4), {"w": W[:3, :4], "b": W[3:, 1:]}),
+    ("normalize_no_affine", lambda m, x: normalize(x, axis=-1, eps=1e-3), floats(3, 4), {}),
+    (
+        "normalize_given_stats",
+        lambda m, x: normalize(x, m.w, m.b, (0, 1), 1e-3, W[0, :4], np.abs(W[1, :4]) + 0.5),
+        floats(3, 4),
+        {"w": W[2, :4], "b": W[3, :4]},
+    ),
 ]
 
 

@@ -22,9 +22,12 @@ Categories (what the policy is asked to do with the operands):
 
 ``LOW_PRECISION``  matmul, the fused linear ``x @ W + b``, conv2d (with bias).
 ``FLOAT32``        reductions (sum, mean, var), exp, log, pow, softmax,
-                   log_softmax, normalisation statistics and every loss.
+                   log_softmax and every loss.
 ``None``           runs in its inputs' dtype (mixed float16/float32 binary
-                   ops promote to the wider type, as NumPy does).
+                   ops promote to the wider type, as NumPy does). The
+                   normalisation op (``normalize``) is one of these: it
+                   computes its statistics in float32 itself and returns
+                   its input's type.
 
 Kinds (what the op is, so a policy or a tracer can treat a family alike):
 see :data:`KINDS`.
@@ -101,7 +104,7 @@ KINDS = frozenset(
         "cast",  # dtype conversion
         "random",  # draws random numbers (dropout)
         "loss",  # fused losses (always float32 or wider)
-        "fused",  # a whole recurrence in one node (rnn/lstm/gru scans)
+        "fused",  # several steps in one node (rnn/lstm/gru scans, normalize)
     }
 )
 
@@ -110,6 +113,15 @@ KINDS = frozenset(
 # _OWN_16BIT_PATH do that themselves, faster (ReLU selects on the 16-bit codes).
 FLOAT32_COMPUTE_KINDS = frozenset({"elementwise", "reduction", "random"})
 _OWN_16BIT_PATH = frozenset({"relu"})
+# Ops of those kinds whose backward reads no operand value (only shapes, or
+# arrays it saved itself): their operands' float32 copies are not rebuilt.
+# Unary ops whose backward uses their own float32 output: on 16-bit operands
+# they keep none, and run their float32 forward again in backward (cheap,
+# and the same values), so backward holds 16-bit arrays only.
+_RECOMPUTED = frozenset({"tanh", "sigmoid", "sqrt", "exp"})
+_READS_NO_OPERAND = frozenset(
+    {"add", "sub", "neg", "sum", "mean", "exp", "sqrt", "tanh", "sigmoid", "dropout", "softmax", "log_softmax"}
+)
 _low_precision = None  # everyo.low_precision, bound on first use (it imports Tensor)
 
 _policy: ContextVar[Any] = ContextVar("everyo_precision_policy", default=None)
@@ -292,6 +304,7 @@ def primitive(
                     return run(*args, **kwargs)
                 return _traced(op, tracer, args, kwargs)
         else:
+            drops_casts = category == FLOAT32 and name in _READS_NO_OPERAND
 
             @functools.wraps(forward)
             def function(*args: Any, **kwargs: Any) -> Any:
@@ -300,8 +313,11 @@ def primitive(
                     policy = _policy.get()
                     if policy is None:
                         return run(*args, **kwargs)
-                    args, kwargs = _cast_operands(op, policy, args, kwargs)
-                    return run(*args, **kwargs)
+                    cast_args, cast_kwargs = _cast_operands(op, policy, args, kwargs)
+                    out = run(*cast_args, **cast_kwargs)
+                    if drops_casts:
+                        _drop_cast_copies(args, kwargs, cast_args, cast_kwargs, out)
+                    return out
                 return _traced(op, tracer, args, kwargs)
 
         function.op = op  # type: ignore[attr-defined]  # the OpDef, reachable from the public function
@@ -317,16 +333,47 @@ def _in_float32(op):
     """``op.forward``, but with float16/bfloat16 operands computed in float32
     and rounded once (everyo.low_precision); anything else goes straight through."""
     forward, slots = op.forward, op._slots
+    reads_operands = op.name not in _READS_NO_OPERAND
+    passes_gradient = op.name in ("add", "sub", "neg")
+    recompute = op.name in _RECOMPUTED
 
     def run(*args, **kwargs):
         global _low_precision
         if _low_precision is None:
             from everyo import low_precision as _low_precision
         if _low_precision.low_precision_operands(slots, args, kwargs):
-            return _low_precision.call_in_float32(forward, slots, args, kwargs)
+            return _low_precision.call_in_float32(
+                forward, slots, args, kwargs, reads_operands, passes_gradient, recompute
+            )
         return forward(*args, **kwargs)
 
     return run
+
+
+def _drop_cast_copies(args, kwargs, cast_args, cast_kwargs, out):
+    """After an op whose backward reads no operand value: the copies the policy
+    cast for it (float16 activations made float32 for softmax) are needed by
+    nothing but the graph's bookkeeping, which only reads their dtype and
+    shape. Swap their arrays for zero-byte placeholders so the graph does not
+    keep a float32 copy of the activations alive until backward."""
+    from everyo import autograd
+
+    if autograd.snapshots is not None:
+        return  # detect_inplace_writes compares every input with its snapshot: keep them
+    Tensor = _tensor_type()
+    outs = out if isinstance(out, (list, tuple)) else (out,)
+    pairs = list(zip(args, cast_args)) + [(kwargs[k], cast_kwargs[k]) for k in kwargs if k in cast_kwargs]
+    for given, cast in pairs:
+        if (
+            cast is not given
+            and isinstance(cast, Tensor)
+            and cast._backward is not None
+            and isinstance(given, Tensor)
+            and len(cast._parents) == 1
+            and cast._parents[0] is given
+            and not any(o is cast for o in outs)
+        ):
+            cast._data = np.broadcast_to(np.zeros((), cast._data.dtype), cast._data.shape)
 
 
 def _tensor_type():

@@ -203,6 +203,14 @@ def matmul(a: TensorLike, b: TensorLike) -> Tensor:
     """Matrix product with NumPy's broadcasting rules (1-D operands allowed)."""
     a, b = _t(a), _t(b)
     x, y = a.data, b.data
+    if (
+        x.dtype == y.dtype
+        and is_low_precision(x.dtype)
+        and x.ndim >= 2
+        and y.ndim >= 2
+        and x.shape[:-2] == y.shape[:-2]
+    ):
+        return _matmul_half(a, b)
     out = _mm(x, y)
 
     def backward(g):
@@ -222,6 +230,27 @@ def matmul(a: TensorLike, b: TensorLike) -> Tensor:
             gb = unbroadcast(gb, y2.shape).reshape(y.shape)
         return ga, gb
 
+    return Tensor._from_op(out, (a, b), backward)
+
+
+def _matmul_half(a, b):
+    # Two 16-bit operands with the same batch axes (attention's products): as
+    # _mm's 16-bit path in forward; in backward the incoming gradient is taken
+    # as a Rounded, converted up once for both products, and each gradient is
+    # rounded once and handed on as a Rounded (nothing to sum over broadcast
+    # axes here), the values _mm would give, without encoding them.
+    x, y = a.data, b.data
+    dt = x.dtype
+    out = _down(_mm(_up(x), _up(y)), dt)
+
+    @takes_rounded
+    def backward(g):
+        g32 = _up(g)
+        ga = _rounded(_mm(g32, np.swapaxes(_up(y), -1, -2)), dt) if a.requires_grad else None
+        gb = _rounded(_mm(np.swapaxes(_up(x), -1, -2), g32), dt) if b.requires_grad else None
+        return ga, gb
+
+    backward.__qualname__ = "matmul.<locals>.backward"
     return Tensor._from_op(out, (a, b), backward)
 
 
@@ -550,7 +579,22 @@ def reshape(a: TensorLike, *shape: int | Sequence[int]) -> Tensor:
         raise EveryOShapeError(
             f"reshape: cannot reshape a tensor of shape {old} ({a.data.size} elements) to {shape}: {exc}"
         ) from None
-    return Tensor._from_op(out, (a,), lambda g: (g.reshape(old),))
+    return Tensor._from_op(out, (a,), _moves("reshape", lambda g: g.reshape(old)))
+
+
+def _moves(op, move):
+    """A shape op's backward, ``move`` applied to the gradient; a 16-bit
+    gradient held as float32 values (a Rounded) stays one: moving values
+    rounds nothing."""
+
+    @takes_rounded
+    def backward(g):
+        if isinstance(g, Rounded):
+            return (Rounded(move(g.f32), g.dtype),)
+        return (move(g),)
+
+    backward.__qualname__ = f"{op}.<locals>.backward"
+    return backward
 
 
 @primitive("flatten", kind="shape")
@@ -573,7 +617,7 @@ def transpose(a: TensorLike, *axes: int | Sequence[int]) -> Tensor:
         # ints once a single sequence is unpacked above; check_permutation rejects anything else
         order = check_permutation(axes, a.data.shape, "transpose")  # type: ignore[arg-type]
     inverse = tuple(np.argsort(order))
-    return Tensor._from_op(a.data.transpose(order), (a,), lambda g: (g.transpose(inverse),))
+    return Tensor._from_op(a.data.transpose(order), (a,), _moves("transpose", lambda g: g.transpose(inverse)))
 
 
 def _is_advanced(index):
@@ -689,8 +733,10 @@ def dropout(a: TensorLike, p: float = 0.5, training: bool = True, rng: np.random
     if not 0 <= p < 1:
         raise ValueError(f"dropout probability must be in [0, 1), got {p}")
     rng = rng if rng is not None else default_generator()  # eo.manual_seed makes it reproducible
-    mask = (rng.random(a.data.shape) >= p).astype(a.data.dtype) * np.asarray(1.0 / (1.0 - p), a.data.dtype)
-    return Tensor._from_op(a.data * mask, (a,), lambda g: (g * mask,))
+    keep = rng.random(a.data.shape) >= p
+    scale = np.asarray(1.0 / (1.0 - p), a.data.dtype)
+    # Backward keeps the boolean mask (a quarter of a float32 one) and rebuilds the scaled mask from it.
+    return Tensor._from_op(a.data * (keep * scale), (a,), lambda g: (g * (keep * scale),))
 
 
 # --- Tensor methods and operators -----------------------------------------------

@@ -33,7 +33,8 @@ Examples:
 
 import numpy as np
 
-from everyo.half import _down, _rounded, _up, is_low_precision
+from everyo import autograd
+from everyo.half import Rounded, _down, _rounded, _up, is_low_precision
 from everyo.tensor import Tensor
 
 _F32 = np.dtype(np.float32)
@@ -60,10 +61,19 @@ def low_precision_operands(slots, args, kwargs):
     return False
 
 
-def call_in_float32(forward, slots, args, kwargs):
+def call_in_float32(forward, slots, args, kwargs, reads_operands=True, passes_gradient=False, recompute=False):
     """``forward(*args, **kwargs)`` with its 16-bit Tensor operands computed in
     float32 and the result (and the gradients) rounded once; see the module
-    docstring. ``slots`` as for :func:`low_precision_operands`."""
+    docstring. ``slots`` as for :func:`low_precision_operands`.
+    ``reads_operands=False`` says the op's backward never reads its operands'
+    values (add, tanh, ...): their float32 copies are then not rebuilt for it.
+    ``passes_gradient=True`` says each operand's gradient is the incoming one
+    or its negation, summed over broadcast axes (add, sub, neg): where nothing
+    was summed it already holds 16-bit values and is handed on unrounded.
+    ``recompute=True`` (unary ops whose backward uses their float32 output:
+    tanh, sigmoid, sqrt, exp) keeps no float32 output for backward: backward
+    runs the float32 forward again on the rebuilt float32 operand (the same
+    values, so the same gradient) and uses that node's backward."""
     args, kwargs = list(args), dict(kwargs)
     ups = {}  # id(16-bit operand) -> (operand, its float32 cast); id(cast) -> the same
     floating = []  # every floating operand's dtype, to find the result's
@@ -86,9 +96,10 @@ def call_in_float32(forward, slots, args, kwargs):
     target = low.pop() if len(low) == 1 and all(is_low_precision(d) for d in floating) else None
     out = forward(*args, **kwargs)
     if isinstance(out, Tensor):
-        return _finish(out, ups, target)
+        again = (forward, args, kwargs) if recompute and target is not None else None
+        return _finish(out, ups, target, reads_operands, passes_gradient, again)
     if isinstance(out, (list, tuple)):
-        return type(out)(_finish(o, ups, target) if isinstance(o, Tensor) else o for o in out)
+        return type(out)(_finish(o, ups, target, reads_operands) if isinstance(o, Tensor) else o for o in out)
     return out
 
 
@@ -114,10 +125,18 @@ def _rounding_backward(dtype):
     def backward(g):
         return (_rounded(g, dtype) if g.dtype == _F32 else g,)
 
+    # The twin is an implicit cast: autograd's messages call it one.
+    backward.__qualname__, backward.__module__ = "astype", "everyo.functional"
     return backward
 
 
-def _finish(out, ups, target):
+def _placeholder(like):
+    """A zero-byte stand-in for a dropped float32 copy: the engine still sees
+    its dtype and shape (a gradient is made to match them)."""
+    return np.broadcast_to(np.zeros((), like.dtype), like.shape)
+
+
+def _finish(out, ups, target, reads_operands=True, passes_gradient=False, again=None):
     if id(out) in ups:  # the op handed an operand back (dropout with p=0)
         return ups[id(out)][0]
     if target is not None and out.data.dtype == _F32:
@@ -126,22 +145,100 @@ def _finish(out, ups, target):
         target = None  # a boolean or integer result, or a mixed op's float32 one
     if out._backward is None:
         return out
+    if autograd.snapshots is not None:
+        # detect_inplace_writes is on (debugging): keep the twins as they are
+        # and snapshot the output again, now that it holds its 16-bit values.
+        autograd.snapshot(out)
+        return _wrap_backward(out, (), (), target, False)
     # The float32 twins would keep a float32 copy of every operand alive until
     # backward (add's closure holds its operands just for their shapes), twice
-    # the 16-bit operand's memory: drop their arrays now and rebuild them from
-    # the 16-bit operands when backward reaches this op. (Arrays a closure
-    # captured itself, like exp's output, stay as they are.)
-    twins = {id(twin): (operand, twin) for operand, twin in ups.values()}.values()
+    # the 16-bit operand's memory: drop their arrays now (a zero-byte
+    # placeholder keeps dtype and shape) and, for an op whose backward reads
+    # them, rebuild them from the 16-bit operands when backward reaches it.
+    # (Arrays a closure captured itself, like exp's output, stay as they are.)
+    twins = tuple({id(twin): (operand, twin) for operand, twin in ups.values()}.values())
+    stubs = []
     for _, twin in twins:
-        twin._data = None
+        twin._data = _placeholder(twin._data)
+        stubs.append(twin._data)
+    if passes_gradient and target is not None:
+        return _pass_through(out, ups)
+    if again is not None:
+        return _recomputing(out, twins, stubs, again)
+    return _wrap_backward(out, twins, stubs, target, reads_operands)
+
+
+def _recomputing(out, twins, stubs, again):
+    """``out``'s backward without the float32 arrays its closure saved: the
+    op's float32 forward runs again in backward (see :func:`call_in_float32`)."""
+    forward, args, kwargs = again
+    name = getattr(out._backward, "__qualname__", None)
+    module = getattr(out._backward, "__module__", None)
+
+    def backward(g):
+        for (operand, twin), stub in zip(twins, stubs):
+            if twin._data is stub:
+                twin._data = _up(operand.data)
+        with autograd.enable_grad():
+            rebuilt = forward(*args, **kwargs)
+        return rebuilt._backward(_up(g))
+
+    backward.accepts_deferred = True
+    if name is not None:
+        backward.__qualname__, backward.__module__ = name, module
+    out._backward = backward  # the forward's closure (and its float32 output) goes now
+    return out
+
+
+def _pass_through(out, ups):
+    """add, sub, neg with every floating operand of one 16-bit type: the node
+    hangs on the 16-bit operands themselves (not on their float32 twins), and
+    an operand's gradient that was not summed over broadcast axes -- the
+    incoming 16-bit gradient or its negation, exact -- is handed on as a
+    :class:`~everyo.half.Rounded` without rounding it again; a summed one is
+    rounded once, as the twin would have."""
+    operands = []
+    for parent in out._parents:
+        entry = ups.get(id(parent))
+        operands.append(entry[0] if entry is not None and entry[1] is parent else parent)
+    out._parents = tuple(operands)
     inner = out._backward
 
     def backward(g):
-        for operand, twin in twins:
-            if twin.data is None:
-                twin._data = _up(operand.data)
+        g32 = _up(g)
+        grads, handed = [], set()
+        for grad, operand in zip(inner(g32), operands):
+            if grad is None or not is_low_precision(operand.data.dtype):
+                grads.append(grad)
+            elif grad.shape == g32.shape:
+                if id(grad) in handed:  # add hands one array to both operands: each gets its own
+                    grad = grad.copy()
+                handed.add(id(grad))
+                grads.append(Rounded(grad, operand.data.dtype))
+            else:
+                grads.append(_rounded(grad, operand.data.dtype))
+        return tuple(grads)
+
+    backward.accepts_deferred = True
+    backward.__qualname__ = getattr(inner, "__qualname__", backward.__qualname__)
+    backward.__module__ = getattr(inner, "__module__", backward.__module__)
+    out._backward = backward
+    return out
+
+
+def _wrap_backward(out, twins, stubs, target, reads_operands):
+    inner = out._backward
+
+    def backward(g):
+        if reads_operands:
+            for (operand, twin), stub in zip(twins, stubs):
+                if twin._data is stub:
+                    twin._data = _up(operand.data)
         return inner(_up(g) if target is not None else g)  # 16-bit g (array or Rounded) as float32 values
 
     backward.accepts_deferred = target is not None
+    # The op's own name, for autograd's messages (in-place errors name the op).
+    backward.__qualname__ = getattr(inner, "__qualname__", backward.__qualname__)
+    backward.__module__ = getattr(inner, "__module__", backward.__module__)
     out._backward = backward
     return out

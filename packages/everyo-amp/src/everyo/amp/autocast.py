@@ -8,12 +8,28 @@ they mean by installing a precision policy in core's ContextVar:
   casts the incoming float16 gradient back to the operand's own dtype, so a
   float32 parameter keeps a float32 gradient while activations, and the
   gradients flowing through them, really are float16.
-- ``'float32'`` (reductions, exp, log, pow, softmax, log_softmax,
-  normalisation statistics, losses): float16 and bfloat16 operands are cast
-  up, because summing thousands of values or exponentiating one is where 16
-  bits runs out of range (float16) or precision (bfloat16's 8 bits).
+- ``'float32'`` (reductions, exp, log, pow, softmax, log_softmax, losses):
+  float16 and bfloat16 operands are cast up and the result is float32,
+  because summing thousands of values or exponentiating one is where 16 bits
+  runs out of range (float16) or precision (bfloat16's 8 bits). An op whose
+  backward needs no operand value (softmax, sum, mean, exp) keeps no float32
+  copy of its 16-bit input for backward.
+- normalisation layers (BatchNorm1D/2D, LayerNorm, GroupNorm; core's
+  ``normalize`` op): the statistics and the normalisation are computed in
+  float32 and the running statistics and parameters stay float32, but a
+  16-bit input gives an output of that type, rounded once (Keras's
+  ``mixed_float16`` behaviour), and backward keeps only the 16-bit input and
+  the per-group statistics, so the layers after a Conv2D-BatchNorm run and
+  save 16-bit activations. A float32 input gives a float32 output (it is not
+  cast down: only matmul and conv2d change precision).
 - every other op follows its inputs (core computes 16-bit elementwise ops in
-  float32 and rounds once: :mod:`everyo.low_precision`).
+  float32 and rounds once: :mod:`everyo.low_precision`); a float16 operand
+  meeting a float32 one promotes to float32, as in NumPy.
+
+Which ops output 16-bit under autocast, then: matmul, linear, conv2d (always),
+and, given 16-bit activations, every elementwise op (ReLU, tanh, +, *, ...),
+pooling, shape ops, dropout and the normalisation layers. Which output
+float32: the reductions, exp, log, pow, softmax, log_softmax and every loss.
 
 bfloat16 arrays are ``ml_dtypes.bfloat16`` (imported here, only when asked
 for): float32's exponent range with 8 significant bits, so gradients neither

@@ -1,4 +1,12 @@
-"""Batch, layer and group normalisation, channels last (NHWC / (N, C) / (N, L, C))."""
+"""Batch, layer and group normalisation, channels last (NHWC / (N, C) / (N, L, C)).
+
+Each layer is one :func:`~everyo.normalization_ops.normalize` node. The
+statistics and the normalisation are computed in float32 (or wider); the
+parameters and running statistics keep their own type. Under ``autocast``
+(Keras's ``mixed_float16`` behaviour) a float16 or bfloat16 input gives an
+output of that type, rounded once, and backward keeps only the 16-bit input
+and the per-group statistics.
+"""
 
 from __future__ import annotations
 
@@ -12,18 +20,14 @@ from everyo import functional as F
 from everyo.errors import EveryOShapeError
 from everyo.nn import arguments as args
 from everyo.nn.module import Module, as_input
-from everyo.tensor import Parameter, Tensor
+from everyo.normalization_ops import _wide, normalize
+from everyo.tensor import Parameter
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
     from everyo._typing import DType, TensorLike
-
-
-def _normalize(x, mean, var, eps, weight, bias):
-    """``(x - mean) / sqrt(var + eps)``, then the learned scale and shift (if any)."""
-    y = (x - mean) / F.sqrt(var + eps)
-    return y if weight is None else y * weight + bias
+    from everyo.tensor import Tensor
 
 
 class _BatchNorm(Module):
@@ -63,20 +67,29 @@ class _BatchNorm(Module):
             # An empty batch (a data-parallel shard with no rows) has no
             # statistics: the output is empty, the running statistics stay as
             # they are, and backward gives zero parameter gradients.
-            mean, var = Tensor(np.zeros((), x.data.dtype)), Tensor(np.ones((), x.data.dtype))
-        elif self.training or not self.track_running_stats:
-            mean = F.mean(x, axis=axes, keepdims=True)
-            var = F.var(x, axis=axes, keepdims=True)
+            return normalize(
+                x, self.weight, self.bias, axes, self.eps, np.zeros((), np.float32), np.ones((), np.float32)
+            )
+        if self.training or not self.track_running_stats:
             if self.training and self.track_running_stats:
-                n = x.data.size // self.num_features
-                m = self.momentum
-                unbiased = var.data.reshape(-1) * (n / max(n - 1, 1))
-                rm, rv = self.running_mean.data, self.running_var.data
-                self.running_mean.data = ((1 - m) * rm + m * mean.data.reshape(-1)).astype(rm.dtype)
-                self.running_var.data = ((1 - m) * rv + m * unbiased).astype(rv.dtype)
-        else:
-            mean, var = Tensor(self.running_mean.data), Tensor(self.running_var.data)
-        return _normalize(x, mean, var, self.eps, self.weight, self.bias)
+                self._update_running_stats(x, axes)
+            return normalize(x, self.weight, self.bias, axes, self.eps)
+        return normalize(x, self.weight, self.bias, axes, self.eps, self.running_mean.data, self.running_var.data)
+
+    def _update_running_stats(self, x, axes):
+        # The batch's statistics in float32 (or wider), as normalize computes them.
+        data = _wide(x)
+        if data.dtype != np.float64:
+            data = data.astype(np.float32, copy=False)
+        mean = data.mean(axis=axes, keepdims=True)
+        centered = data - mean
+        var = (centered * centered).sum(axis=axes) / (data.size // self.num_features)
+        n = x.data.size // self.num_features
+        m = self.momentum
+        unbiased = var.reshape(-1) * (n / max(n - 1, 1))
+        rm, rv = self.running_mean.data, self.running_var.data
+        self.running_mean.data = ((1 - m) * rm + m * mean.reshape(-1)).astype(rm.dtype)
+        self.running_var.data = ((1 - m) * rv + m * unbiased).astype(rv.dtype)
 
     def extra_repr(self) -> str:
         return f"{self.num_features}, eps={self.eps}, momentum={self.momentum}, track_running_stats={self.track_running_stats}"
@@ -131,9 +144,7 @@ class LayerNorm(Module):
                 f"got shape {x.data.shape}"
             )
         axes = tuple(range(x.data.ndim - k, x.data.ndim))
-        mean = F.mean(x, axis=axes, keepdims=True)
-        var = F.var(x, axis=axes, keepdims=True)
-        return _normalize(x, mean, var, self.eps, self.weight, self.bias)
+        return normalize(x, self.weight, self.bias, axes, self.eps)
 
     def extra_repr(self) -> str:
         return f"{self.normalized_shape}, eps={self.eps}"
@@ -180,10 +191,12 @@ class GroupNorm(Module):
         grouped = F.reshape(
             x, (shape[0], math.prod(shape[1:-1]), self.num_groups, self.num_channels // self.num_groups)
         )
-        mean = F.mean(grouped, axis=(1, 3), keepdims=True)
-        var = F.var(grouped, axis=(1, 3), keepdims=True)
-        y = F.reshape(_normalize(grouped, mean, var, self.eps, None, None), shape)
-        return y if self.weight is None else y * self.weight + self.bias
+        if self.weight is None or self.bias is None:
+            return F.reshape(normalize(grouped, None, None, (1, 3), self.eps), shape)
+        # The per-channel scale and shift in the grouped layout: one op, one rounding.
+        per_group = (self.num_groups, self.num_channels // self.num_groups)
+        weight, bias = F.reshape(self.weight, per_group), F.reshape(self.bias, per_group)
+        return F.reshape(normalize(grouped, weight, bias, (1, 3), self.eps), shape)
 
     def extra_repr(self) -> str:
         return f"{self.num_groups}, {self.num_channels}, eps={self.eps}, affine={self.affine}"

@@ -1,6 +1,8 @@
 """Rules for the activations, 1-D and transposed convolutions and up-sampling
 added to core's op table in 0.2 (their own file for size; one table).
 
+Also the fused normalisation op behind BatchNorm, LayerNorm and GroupNorm.
+
 Each rule writes the op with standard ONNX ops valid from opset 13, step for
 step as core computes it, so ONNX Runtime agrees to float32 rounding.
 """
@@ -153,3 +155,29 @@ def upsample2d(t, node):
     scales = t.g.constant(np.array([1, 1, sh, sw], np.float32), "scales")
     y = t.g.node("Resize", [t.g.transpose(t.name(node.inputs[0]), TO_NCHW), "", scales], **mode)
     t.set(node.outputs[0], t.g.transpose(y, TO_NHWC))
+
+
+@rule("normalize")
+def normalize(t, node):
+    # Core: (x - mean) / sqrt(var + eps) * weight + bias; the statistics are
+    # x's own (ReduceMean over the axes, variance with ddof 0) or, for a batch
+    # norm in eval mode, its running statistics, baked in with sqrt(var + eps)
+    # folded into one constant as core computes it.
+    g, a = t.g, node.attrs
+    x, weight, bias = node.inputs
+    dtype = node.outputs[0].dtype
+    name = t.name(x, dtype, 0)
+    axes = sorted(int(i) % x.data.ndim for i in np.atleast_1d(a["axis"]))
+    eps = np.asarray(a["eps"], dtype)
+    if a.get("mean") is None:
+        mean = g.reduce("ReduceMean", name, axes, True)
+        centered = g.node("Sub", [name, mean])
+        var = g.reduce("ReduceMean", g.node("Mul", [centered, centered]), axes, True)
+        y = g.node("Div", [centered, g.node("Sqrt", [g.node("Add", [var, g.scalar(eps, dtype, "eps")])])])
+    else:
+        mean = np.asarray(a["mean"], np.float32).astype(dtype)
+        std = np.sqrt(np.asarray(a["var"], np.float32).astype(dtype) + eps)
+        y = g.node("Div", [g.node("Sub", [name, g.constant(mean, "mean")]), g.constant(std, "std")])
+    if weight is not None:
+        y = g.node("Add", [g.node("Mul", [y, t.name(weight, dtype, 1)]), t.name(bias, dtype, 2)])
+    t.set(node.outputs[0], y)

@@ -1,0 +1,157 @@
+"""``normalize``: batch, layer and group normalisation as one op (the layers in
+:mod:`everyo.nn.normalization` call it).
+
+One node instead of the eight primitives ``(x - mean) / sqrt(var + eps) * w + b``
+would make: its backward keeps only the input ``x`` (which the graph holds
+anyway, as the previous op's output) and the per-group mean and
+``1 / sqrt(var + eps)``, and recomputes ``x_hat`` from them, where the chain of
+primitives kept about five arrays of ``x``'s size.
+
+Precision. The statistics and the normalisation are always computed in float32
+(or wider): a float16 or bfloat16 input is converted up exactly, its output is
+the float32 result rounded *once* to the input's type, and its gradient is the
+float32 gradient rounded once. Parameters and running statistics keep their
+own type (float32 ones get float32 gradients), as Keras's ``mixed_float16``
+policy does: under ``autocast`` a normalisation layer given float16
+activations returns float16 activations, so everything downstream stays 16-bit
+too. A float32 or float64 input gives a result of the wider of its type and
+the parameters' (NumPy's promotion), computed exactly as the primitives would.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from everyo.axes import normalize_axes
+from everyo.casting import convert
+from everyo.dispatch import primitive
+from everyo.half import _down, _rounded, _up, is_low_precision, takes_rounded
+from everyo.tensor import Tensor
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from numpy.typing import ArrayLike
+
+    from everyo._typing import TensorLike
+
+__all__ = ["normalize"]
+
+_F32 = np.dtype(np.float32)
+
+
+def _wide(value):
+    """A value's array in the type normalisation computes in (16-bit -> float32)."""
+    data = value.data if isinstance(value, Tensor) else np.asarray(value)
+    return _up(data) if is_low_precision(data.dtype) else data
+
+
+def _unbroadcast(grad, shape):
+    if grad.shape == shape:
+        return grad
+    extra = grad.ndim - len(shape)
+    axes = tuple(range(extra)) + tuple(i + extra for i, n in enumerate(shape) if n == 1 and grad.shape[i + extra] != 1)
+    return grad.sum(axis=axes, keepdims=True).reshape(shape)
+
+
+@primitive("normalize", kind="fused", inputs=("x", "weight", "bias"))
+def normalize(
+    x: TensorLike,
+    weight: Tensor | None = None,
+    bias: Tensor | None = None,
+    axis: int | Sequence[int] = -1,
+    eps: float = 1e-5,
+    mean: ArrayLike | None = None,
+    var: ArrayLike | None = None,
+) -> Tensor:
+    """``(x - mean) / sqrt(var + eps) * weight + bias`` as one differentiable op.
+
+    Args:
+        x: the input Tensor (any floating type).
+        weight, bias: optional Tensors broadcastable to ``x`` (the learned
+            scale and shift; both or neither).
+        axis: the axis or axes the statistics are taken over.
+        eps: added to the variance.
+        mean, var: optional arrays (shaped like the statistics with the reduced
+            axes kept, or broadcastable to that): use these statistics (a
+            batch norm's running ones, in eval mode) as constants instead of
+            ``x``'s own, which are then not differentiated through.
+
+    Returns:
+        A Tensor of ``x``'s shape: of ``x``'s type when that is float16 or
+        bfloat16 (computed in float32, rounded once), otherwise of the wider
+        of ``x``'s and the parameters' types.
+
+    Examples:
+        >>> from everyo.normalization_ops import normalize
+        >>> y = normalize(eo.tensor([[1.0, 2.0, 3.0]]), axis=-1)
+        >>> np.round(y.data, 3)
+        array([[-1.225,  0.   ,  1.225]], dtype=float32)
+    """
+    if (weight is None) != (bias is None):
+        raise ValueError("normalize: give both weight and bias, or neither")
+    x = x if isinstance(x, Tensor) else Tensor(x)
+    dt = x.data.dtype
+    xw = _wide(x)
+    wide = [xw.dtype] + [_wide(p).dtype for p in (weight, bias) if p is not None]
+    comp = np.result_type(_F32, *wide)
+    if xw.dtype != comp:
+        xw = xw.astype(comp)
+    axes = normalize_axes(axis, xw.shape, "normalize")
+    batch_stats = mean is None
+    if batch_stats:
+        mu = xw.mean(axis=axes, keepdims=True)
+        centered = xw - mu
+        count = int(np.prod([xw.shape[i] for i in axes])) if axes else 1
+        variance = (centered * centered).sum(axis=axes, keepdims=True) / count
+        del centered
+    else:
+        if var is None:
+            raise ValueError("normalize: give both mean and var, or neither")
+        mu, variance = np.asarray(_wide(mean), comp), np.asarray(_wide(var), comp)
+    std = np.sqrt(variance + np.asarray(eps, comp))
+    y = (xw - mu) / std
+    if weight is not None:
+        w, b = _wide(weight).astype(comp, copy=False), _wide(bias).astype(comp, copy=False)
+        y *= w
+        y += b
+    low = is_low_precision(dt)
+    out = _down(y, dt) if low else y
+    del y
+    # What backward keeps: x itself (alive anyway, as its producer's output) and
+    # the statistics, one value per normalised group.
+    rstd = np.asarray(1.0, comp) / std
+
+    @takes_rounded
+    def backward(g):
+        gw = _up(g) if low else g
+        if gw.dtype != comp:
+            gw = gw.astype(comp)
+        xs = _wide(x)
+        xhat = (xs.astype(comp, copy=False) - mu) * rstd
+        gx = gweight = gbias = None
+        if weight is not None:
+            if bias.requires_grad:
+                gbias = _unbroadcast(gw, bias.data.shape)
+            if weight.requires_grad:
+                gweight = _unbroadcast(gw * xhat, weight.data.shape)
+            gxhat = gw * _wide(weight).astype(comp, copy=False)
+        else:
+            gxhat = gw
+        if x.requires_grad:
+            if batch_stats:
+                # d/dx of (x - mean(x)) / sqrt(var(x) + eps), var with ddof 0.
+                gx = gxhat - gxhat.mean(axis=axes, keepdims=True)
+                gx -= xhat * (gxhat * xhat).mean(axis=axes, keepdims=True)
+                gx *= rstd
+            else:
+                gx = gxhat * rstd
+            gx = _rounded(gx, dt) if low else convert(gx, dt)
+        if weight is None:
+            return (gx,)
+        return gx, gweight, gbias
+
+    parents: tuple[Tensor, ...] = (x,) if weight is None or bias is None else (x, weight, bias)
+    return Tensor._from_op(out, parents, backward)
