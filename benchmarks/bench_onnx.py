@@ -25,10 +25,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT / "examples"))
 
-import everyo as eo  # noqa: E402
-from everyo.onnx import build_model  # noqa: E402
 from harness import blas_info, interleaved, machine_info, median_ratio, print_table  # noqa: E402
 from onnx_export import digit_cnn, sequence_models  # noqa: E402  (the examples' models, not copies)
+
+import everyo as eo  # noqa: E402
+from everyo.onnx import build_model  # noqa: E402
 
 
 def _session(path):

@@ -24,9 +24,8 @@ MALLOC_TUNED = os.environ.get("EVERYO_BENCH_DEFAULT_MALLOC") != "1" and everyo.t
 def blas_info() -> str:
     """BLAS library, version and thread count NumPy uses, as one line."""
     try:
-        from threadpoolctl import threadpool_info
-
         import numpy  # noqa: F401  (loads the BLAS so threadpoolctl can see it)
+        from threadpoolctl import threadpool_info
 
         pools = [p for p in threadpool_info() if p.get("user_api") == "blas"]
         if pools:

@@ -7,9 +7,9 @@ import pytest
 
 pytest.importorskip("ml_dtypes")
 
-import everyo as eo  # noqa: E402
-
 from test_training import load_digits, make_cnn  # noqa: E402
+
+import everyo as eo  # noqa: E402
 
 
 def seed_mlp():

@@ -8,9 +8,9 @@ import sys
 
 import numpy as np
 import pytest
+from io_files import same
 
 import everyo as eo
-from io_files import same
 
 ml_dtypes = pytest.importorskip("ml_dtypes")  # optional: everyo-amp's dependency; in the core cell's deps
 BF16 = ml_dtypes.bfloat16

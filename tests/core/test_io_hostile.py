@@ -10,9 +10,9 @@ import zipfile
 
 import numpy as np
 import pytest
+from io_files import archive, array_node, meta, npy_bytes, same
 
 import everyo as eo
-from io_files import archive, array_node, meta, npy_bytes, same
 
 W = np.arange(6, dtype=np.float32).reshape(2, 3)
 

@@ -8,10 +8,10 @@ structures, random manifests), on small payloads so the file runs in seconds.
 import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from io_files import archive, meta, same
 
 import everyo as eo
 from everyo.io import manifest
-from io_files import archive, meta, same
 
 STATE = {
     "w": np.arange(6, dtype=np.float32).reshape(2, 3),

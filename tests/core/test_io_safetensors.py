@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from io_files import same
 
 import everyo as eo
-from io_files import same
 
 safetensors_numpy = pytest.importorskip("safetensors.numpy")  # optional extra; in the core cell's deps
 

@@ -13,6 +13,7 @@ import pytest
 import everyo as eo
 from everyo import (
     comparisons,
+    contraction,
     conv,
     dispatch,
     elementwise,
@@ -25,7 +26,6 @@ from everyo import (
     shape_ops,
     sorting,
 )
-from everyo import contraction
 from everyo import functional as F
 from everyo.tensor import Tensor
 

@@ -4,10 +4,10 @@ against central differences, and the errors."""
 
 import numpy as np
 import pytest
+from test_sequence_recurrent import reference
 
 import everyo as eo
 from everyo.testing import check_gradients
-from test_sequence_recurrent import reference
 
 KINDS = {
     "rnn": lambda **kw: eo.RNN(3, 4, **kw),

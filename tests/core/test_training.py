@@ -1,9 +1,9 @@
 """End-to-end: the layers, losses, optimizers and DataLoader learn."""
 
 import numpy as np
+from digits import make_digits
 
 import everyo as eo
-from digits import make_digits
 
 
 def digit_cnn(seed=0):

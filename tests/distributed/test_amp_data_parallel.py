@@ -1,12 +1,11 @@
 """Data-parallel GradScaler: one rank's inf gradient makes every rank skip the
 same step, so their scales and weights stay identical (needs everyo-amp)."""
 
+import amp_workers
 import numpy as np
 import pytest
 
 from everyo.distributed import spawn
-
-import amp_workers
 
 STEPS = 7
 

@@ -202,9 +202,10 @@ def test_local_refusals_do_not_break_the_group():
 def test_tcp_broadcast_and_all_gather_are_rings_streamed_in_segments(monkeypatch):
     import threading
 
+    from test_tcp_collectives import run_in_threads
+
     import everyo.distributed.tcp.group as tcp
     from everyo.distributed.tcp import wire
-    from test_tcp_collectives import run_in_threads
 
     monkeypatch.setattr(tcp, "_SEGMENT_BYTES", 4096)  # 100_003 float32 -> 98 segments per broadcast
     sent, lock, real_transfer = [], threading.Lock(), wire.transfer

@@ -4,11 +4,10 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+import shm_workers
 
 import everyo as eo
 from everyo.distributed import average_gradients, spawn
-
-import shm_workers
 
 STEPS = 15
 

@@ -69,8 +69,9 @@ def one_process():
 
 @pytest.fixture(scope="module")
 def backends(tmp_path_factory):
-    from everyo.distributed import spawn
     from test_tcp_collectives import run_in_threads
+
+    from everyo.distributed import spawn
 
     tcp, errors, _ = run_in_threads(WORLD, ddp_workers.battery, join_timeout=120)
     assert errors == [None] * WORLD, errors

@@ -133,8 +133,9 @@ def test_missing_mpi4py_gives_the_install_hint(monkeypatch):
 
 
 def test_spec_training_under_mpiexec_matches_one_process(tmp_path):
-    from everyo.distributed import spawn
     from shm_workers import one_process
+
+    from everyo.distributed import spawn
 
     ranks = run_mpi(2, "train", tmp_path)
     weights = [[r[f"w{i}"] for i in range(len(r) - 1)] for r in ranks]

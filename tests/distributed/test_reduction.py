@@ -7,7 +7,8 @@ bits of float64 accumulation in rank order, rounded once. No processes here.
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from everyo.distributed import reduce_in_rank_order
 

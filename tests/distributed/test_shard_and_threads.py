@@ -5,12 +5,12 @@ import warnings
 
 import numpy as np
 import pytest
-from hypothesis import given, strategies as st
+import shm_workers
+from hypothesis import given
+from hypothesis import strategies as st
 
 from everyo.distributed import available_cores, shard_indices, spawn, worker_thread_env
 from everyo.distributed.threads import THREAD_VARIABLES
-
-import shm_workers
 
 
 @given(n=st.integers(0, 10_000), world_size=st.integers(1, 64))

@@ -4,11 +4,10 @@ import warnings
 
 import numpy as np
 import pytest
-
-from everyo.distributed import available_cores, spawn
-
 import shm_workers
 from shm_workers import DTYPES, SIZES, rank_data
+
+from everyo.distributed import available_cores, spawn
 
 pytestmark = pytest.mark.usefixtures("no_leftovers")
 WORLD = 3

@@ -14,11 +14,10 @@ import textwrap
 import time
 
 import pytest
-
-from everyo.errors import EveryODistributedError
-from everyo.distributed import spawn
-
 import shm_workers
+
+from everyo.distributed import spawn
+from everyo.errors import EveryODistributedError
 
 pytestmark = pytest.mark.usefixtures("no_leftovers")
 

@@ -12,13 +12,12 @@ import time
 
 import numpy as np
 import pytest
+import shm_workers
+from shm_workers import DTYPES, SIZES, rank_data
 
 from everyo.distributed import spawn
 from everyo.distributed.tcp import wire
 from everyo.distributed_tcp import TCPProcessGroup, TCPRendezvousServer, init_tcp_process_group
-
-import shm_workers
-from shm_workers import DTYPES, SIZES, rank_data
 
 WORLD = 3
 

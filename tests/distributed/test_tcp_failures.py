@@ -11,12 +11,11 @@ import time
 
 import numpy as np
 import pytest
+from test_tcp_collectives import run_in_threads
 
-from everyo.errors import EveryODistributedError
 from everyo.distributed.tcp import wire
 from everyo.distributed_tcp import TCPRendezvousServer, init_tcp_process_group
-
-from test_tcp_collectives import run_in_threads
+from everyo.errors import EveryODistributedError
 
 
 @pytest.fixture(autouse=True)

@@ -5,11 +5,10 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+from onnx_agreement import ATOL, digit_cnn, random_batch, randomize_norms
 
 import everyo as eo
 from everyo.onnx import DEFAULT_OPSET
-
-from onnx_agreement import ATOL, digit_cnn, random_batch, randomize_norms
 
 WINDOW_OPS = ("Conv", "MaxPool", "AveragePool")
 

@@ -2,11 +2,10 @@
 against EveryO's eval-mode output at batch sizes 1 and 7, to 1e-5."""
 
 import pytest
+from onnx_agreement import assert_agrees, digit_cnn, randomize_norms
 
 import everyo as eo
 from everyo.padding import resolve_padding2d
-
-from onnx_agreement import assert_agrees, digit_cnn, randomize_norms
 
 # (id, layer factory, input_shape). Spatial sizes are odd and non-square and
 # channel counts differ from them, so a wrong axis order cannot pass by symmetry.

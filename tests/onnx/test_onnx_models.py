@@ -6,10 +6,9 @@ Runtime at batch 1 and 7."""
 import numpy as np
 import onnx
 import pytest
+from onnx_agreement import assert_traced_agrees, randomize_norms
 
 import everyo as eo
-
-from onnx_agreement import assert_traced_agrees, randomize_norms
 
 
 class ResidualBlock(eo.Module):

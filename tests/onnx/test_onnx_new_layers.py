@@ -5,11 +5,10 @@ sizes 1 and 7, to 1e-5."""
 
 import numpy as np
 import pytest
+from onnx_agreement import assert_agrees, assert_traced_agrees
 
 import everyo as eo
 from everyo.errors import EveryOSerializationError
-
-from onnx_agreement import assert_agrees, assert_traced_agrees
 
 
 class Scaled(eo.Module):

@@ -4,13 +4,12 @@ through the symbolic batch axis), with verify=True comparing every value."""
 
 import numpy as np
 import pytest
+from onnx_agreement import assert_traced_agrees
 
 import everyo as eo
 from everyo import dispatch
 from everyo.normalization_ops import normalize
 from everyo.sequence_ops import split
-
-from onnx_agreement import assert_traced_agrees
 
 
 class Fn(eo.Module):

@@ -6,10 +6,9 @@ Runtime at the traced sizes and at other batch sizes (1, 7) and lengths."""
 import numpy as np
 import onnx
 import pytest
+from onnx_agreement import assert_traced_agrees
 
 import everyo as eo
-
-from onnx_agreement import assert_traced_agrees
 
 SEQ_AXES = {"input": {0: "batch", 1: "seq"}}
 SIZES = [(1, 5), (7, 5), (7, 9), (1, 3)]

@@ -16,21 +16,21 @@ Shared memory is loaded only when ``spawn`` is first used, so this package
 """
 
 from everyo.distributed._version import __version__  # noqa: F401
-from everyo.errors import EveryODistributedError
+from everyo.distributed.ddp import DistributedDataParallel
+from everyo.distributed.gradients import average_gradients
 from everyo.distributed.protocol import (
-    ProcessGroup,
     CollectiveRecord,
-    describe_mismatch,
+    ProcessGroup,
     check_records,
+    describe_mismatch,
     prepare_array,
     reduce_in_rank_order,
     split_blocks,
 )
-from everyo.distributed.gradients import average_gradients
-from everyo.distributed.ddp import DistributedDataParallel
 from everyo.distributed.sampler import DistributedSampler
 from everyo.distributed.sharding import shard_indices
-from everyo.distributed.threads import worker_thread_env, available_cores
+from everyo.distributed.threads import available_cores, worker_thread_env
+from everyo.errors import EveryODistributedError
 
 __all__ = [
     "spawn",

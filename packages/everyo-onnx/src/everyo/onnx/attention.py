@@ -15,11 +15,12 @@ import numpy as np
 MIN_OPSET = 23
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def runtime_runs_attention(opset):
     """Whether the installed ONNX Runtime runs ``Attention`` at ``opset`` as core computes attention."""
     try:
         import onnxruntime as ort
+
         from onnx import TensorProto, helper
     except ImportError:
         return False

@@ -13,8 +13,7 @@ refused, naming the op and the user's line.
 import numpy as np
 
 from everyo.errors import EveryOSerializationError
-
-from everyo.onnx.graph import GraphBuilder, INT64_MAX
+from everyo.onnx.graph import INT64_MAX, GraphBuilder
 
 SUPPORTED_DTYPES = frozenset(np.dtype(d) for d in (np.float32, np.int64, np.int32, np.bool_))
 
