@@ -305,13 +305,14 @@ def gru_scan(xp, h0, w_hh, b_hh, reverse=False, lengths=None):
     hs = np.empty_like(ns)
     h = h0.data.astype(dt, copy=False)
     x3 = x.reshape(batch, steps, 3, H)
-    bias = b.reshape(3, H)
-    product = np.empty((batch, 3, H), dtype=dt)
+    w3 = _gate_blocks(w, 3, dt)  # (3, H, H): h @ w3 writes each gate's own contiguous block
+    bias = np.ascontiguousarray(np.broadcast_to(b.reshape(3, 1, H), (3, batch, H)), dtype=dt)  # added whole
+    hp = np.empty((3, batch, H), dtype=dt)  # h_{t-1} @ W_hh + b_hh, gate-major
     ended = _ended_rows(lengths, batch, steps)
     for t in _order(steps, reverse):
-        np.matmul(h, w, out=product.reshape(batch, three_h))
-        product += bias
-        hp, xt = product.transpose(1, 0, 2), x3[:, t].transpose(1, 0, 2)  # (gate, B, H) views
+        np.matmul(h, w3, out=hp)
+        hp += bias
+        xt = x3[:, t].transpose(1, 0, 2)  # (gate, B, H) view
         gates = np.add(xt[:2], hp[:2], out=rz[t])
         _sigmoid_(gates)
         np.copyto(hns[t], hp[2])
@@ -333,8 +334,10 @@ def gru_scan(xp, h0, w_hh, b_hh, reverse=False, lengths=None):
         d_hp = np.empty_like(d_x)
         dh = np.zeros((batch, H), dtype=dt) if g_last is None else np.array(g_last, dtype=dt)
         h_first = h0.data.astype(dt, copy=False)
-        w_t = np.ascontiguousarray(w.T)  # OpenBLAS is slower with a transposed operand
+        w3_t = np.ascontiguousarray(w3.transpose(0, 2, 1))  # each gate's block transposed
         d_step = np.empty((3, batch, H), dtype=dt)  # this step's gate gradients, gate-major
+        d_hp_step = np.empty((3, batch, H), dtype=dt)  # and those of h_{t-1} @ W_hh + b_hh
+        back = np.empty((3, batch, H), dtype=dt)  # d_hp_step[k] @ w3[k].T, summed over k
         tmp = np.empty((batch, H), dtype=dt)
         carried = np.empty((batch, H), dtype=dt)
         step_back = 1 if reverse else -1  # where the previous state lives
@@ -368,9 +371,11 @@ def gru_scan(xp, h0, w_hh, b_hh, reverse=False, lengths=None):
                 d_step[:, rows] = 0
             dx, dhp = d_x[:, t], d_hp[:, t]
             np.copyto(dx, d_step.transpose(1, 0, 2))
-            np.copyto(dhp[:, :2], d_step[:2].transpose(1, 0, 2))
-            np.multiply(d_n, r, out=dhp[:, 2])
-            np.matmul(dhp.reshape(batch, three_h), w_t, out=carried)
+            np.copyto(d_hp_step[:2], d_step[:2])
+            np.multiply(d_n, r, out=d_hp_step[2])
+            np.copyto(dhp, d_hp_step.transpose(1, 0, 2))
+            np.matmul(d_hp_step, w3_t, out=back)
+            np.add.reduce(back, 0, None, carried)
             dh *= z
             dh += carried
             if rows is not None:
