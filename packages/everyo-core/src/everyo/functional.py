@@ -224,12 +224,14 @@ def linear(x, weight, bias=None):
     xd, w = x.data, weight.data
     lead = xd.shape[:-1]
     x2 = xd.reshape(-1, xd.shape[-1])
-    # A narrow input (fewer features in than out, e.g. an RNN's input projection)
-    # and more rows than features: the bias rides in the product as a column of
-    # ones in x and a row of W. That copies x and W but saves a pass over the
-    # wider output here, and the bias gradient's sum over it in backward (it is
-    # the last row of the weight gradient's product).
-    ones_column = bias is not None and x2.shape[1] < w.shape[1] and x2.shape[0] > x2.shape[1]
+    # A narrow input (under half as many features in as out, e.g. an RNN's input
+    # projection to its gates) and more rows than features: the bias rides in the
+    # product as a column of ones in x and a row of W. That copies x and W but
+    # saves a pass over the wider output here, and the bias gradient's sum over it
+    # in backward (it is the last row of the weight gradient's product). Measured
+    # on the LSTM's 32 -> 512 projection: ~7-10% off the linear's forward+backward;
+    # at 64 -> 128 (the seed MLP) no gain, so it keeps the plain product there.
+    ones_column = bias is not None and 2 * x2.shape[1] < w.shape[1] and x2.shape[0] > x2.shape[1]
     if ones_column:
         rt = np.result_type(x2, w)
         x1 = np.empty((x2.shape[0], x2.shape[1] + 1), dtype=rt)
