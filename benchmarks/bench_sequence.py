@@ -15,10 +15,11 @@ the ratio is the median of the pairwise ratios.
 When PyTorch is importable, a second table times the LSTM of issue 12 (batch 32,
 50 steps, 32 -> 128, forward+backward) beside ``torch.nn.LSTM`` with the same
 weights (checked to agree first), both held to the same thread count, and the
-per-step recurrent product alone (h @ W_hh, (32x128) @ (128x512)) in NumPy and
-in PyTorch: 100 of those (50 forward, 50 backward) are most of the LSTM's time,
-so their ratio is the BLAS's share of the gap (OpenBLAS for NumPy, MKL for
-PyTorch's wheels).
+per-step recurrent product alone (h @ W_hh, (32x128) @ (128x512)) in NumPy, as
+``lstm_scan`` computes it (one batched product over the four (128x128) gate
+blocks), and in PyTorch: 100 of those (50 forward, 50 backward) are the largest
+part of the LSTM's time, so their ratio is the BLAS's share of the gap (OpenBLAS
+for NumPy, MKL for PyTorch's wheels).
 """
 
 import argparse
@@ -264,10 +265,13 @@ def torch_lstm_rows(torch, repeats, threads):
     w = lstm.weight_hh_l0.data
     out = np.empty((batch, 4 * hidden), np.float32)
     h_t, w_t, out_t = torch.from_numpy(h), torch.from_numpy(w), torch.from_numpy(out)
+    # As lstm_scan does it: one batched product over W_hh's four (H, H) gate blocks.
+    w4 = np.ascontiguousarray(w.reshape(hidden, 4, hidden).transpose(1, 0, 2))
+    out4 = np.empty((4, batch, hidden), np.float32)
 
     def numpy_gemms():
         for _ in range(100):
-            np.matmul(h, w, out=out)
+            np.matmul(h, w4, out=out4)
 
     def torch_gemms():
         for _ in range(100):
@@ -320,7 +324,7 @@ def main():
             ]
         )
     print_table(
-        "Forward + backward, float32 (median of %d interleaved runs)" % args.repeats,
+        f"Forward + backward, float32 (median of {args.repeats} interleaved runs)",
         ["model", "EveryO ms", "NumPy floor ms", "ratio (median pairwise)", "max |diff|"],
         rows,
     )
@@ -336,7 +340,7 @@ def main():
         rows = torch_lstm_rows(torch, args.repeats, args.threads)
     print(f"PyTorch {torch.__version__} ({torch.backends.mkl.is_available() and 'MKL' or 'no MKL'})")
     print_table(
-        "Beside PyTorch, forward + backward, float32 (median of %d interleaved runs)" % args.repeats,
+        f"Beside PyTorch, forward + backward, float32 (median of {args.repeats} interleaved runs)",
         ["model", "EveryO ms", "PyTorch ms", "ratio (median pairwise)", "max |diff|"],
         rows,
     )

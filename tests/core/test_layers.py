@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import everyo as eo
-from everyo.testing import check_module_gradients
+from everyo.testing import check_gradients, check_module_gradients
 from reference import conv2d_loop, pool_loop
 
 rng = np.random.default_rng(1)
@@ -21,6 +21,27 @@ def test_linear_forward_is_x_at_w_plus_b():
     x = f64(4, 5).astype(np.float32)
     np.testing.assert_allclose(layer(eo.tensor(x)).data, x @ layer.weight.data + layer.bias.data, rtol=1e-6)
     assert layer(eo.tensor(f64(2, 7, 5).astype(np.float32))).shape == (2, 7, 3)
+
+
+@pytest.mark.parametrize("trained", ["all", "bias only", "weight only"])
+def test_linear_with_a_narrow_input_matches_reference_and_gradients(trained):
+    # Fewer than half as many inputs as outputs, more rows than inputs: the bias
+    # rides in the product as a column of ones; the forward, each gradient and
+    # each combination of what needs one must come out as for x @ W + b.
+    x, w, b = f64(2, 4, 3), f64(3, 8), f64(8)
+    out = eo.linear(eo.tensor(x), eo.tensor(w), eo.tensor(b))
+    np.testing.assert_allclose(out.data, x @ w + b, rtol=1e-12)
+    assert out.shape == (2, 4, 8)
+    wt = eo.tensor(w, requires_grad=trained != "bias only")
+    bt = eo.tensor(b, requires_grad=trained != "weight only")
+    g = f64(2, 4, 8)
+    eo.linear(eo.tensor(x), wt, bt).backward(g)
+    g2, x2 = g.reshape(-1, 8), x.reshape(-1, 3)
+    if trained != "bias only":
+        np.testing.assert_allclose(wt.grad, x2.T @ g2, rtol=1e-12)
+    if trained != "weight only":
+        np.testing.assert_allclose(bt.grad, g2.sum(axis=0), rtol=1e-12)
+    check_gradients(lambda x, w, b: eo.linear(x, w, b), [x, w, b], name="linear, narrow input")
 
 
 def test_seed_makes_initialisation_reproducible():

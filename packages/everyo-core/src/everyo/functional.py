@@ -268,14 +268,32 @@ def linear(x: TensorLike, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     xd, w = x.data, weight.data
     lead = xd.shape[:-1]
     x2 = xd.reshape(-1, xd.shape[-1])
-    out = _mm(x2, w)
-    if bias is not None:
-        out += bias.data
+    # A narrow input (under half as many features in as out, e.g. an RNN's input
+    # projection to its gates) and more rows than features: the bias rides in the
+    # product as a column of ones in x and a row of W. That copies x and W but
+    # saves a pass over the wider output here, and the bias gradient's sum over it
+    # in backward (it is the last row of the weight gradient's product). Measured
+    # on the LSTM's 32 -> 512 projection: ~7-10% off the linear's forward+backward;
+    # at 64 -> 128 (the seed MLP) no gain, so it keeps the plain product there.
+    ones_column = bias is not None and 2 * x2.shape[1] < w.shape[1] and x2.shape[0] > x2.shape[1]
+    if ones_column:
+        rt = np.result_type(x2, w)
+        x1 = np.empty((x2.shape[0], x2.shape[1] + 1), dtype=rt)
+        x1[:, :-1] = x2
+        x1[:, -1] = 1
+        out = np.matmul(x1, np.concatenate([w, bias.data[None]], axis=0, dtype=rt))
+    else:
+        out = _mm(x2, w)
+        if bias is not None:
+            out += bias.data
     out = out.reshape(lead + (w.shape[1],))
 
     def backward(g):
         g2 = g.reshape(-1, g.shape[-1])
         gx = _mm(g2, w.T).reshape(xd.shape) if x.requires_grad else None
+        if ones_column and weight.requires_grad:
+            gwb = _mm(x1.T, g2)
+            return gx, gwb[:-1], gwb[-1] if bias.requires_grad else None
         gw = _mm(x2.T, g2) if weight.requires_grad else None
         if bias is None:
             return gx, gw
