@@ -3,10 +3,10 @@ against finite differences."""
 
 import numpy as np
 import pytest
+from reference import conv2d_loop, pool_loop
 
 import everyo as eo
 from everyo.testing import check_gradients, check_module_gradients
-from reference import conv2d_loop, pool_loop
 
 rng = np.random.default_rng(1)
 

@@ -277,6 +277,7 @@ def linear(x: TensorLike, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     # at 64 -> 128 (the seed MLP) no gain, so it keeps the plain product there.
     ones_column = bias is not None and 2 * x2.shape[1] < w.shape[1] and x2.shape[0] > x2.shape[1]
     if ones_column:
+        assert bias is not None  # implied by ones_column
         rt = np.result_type(x2, w)
         x1 = np.empty((x2.shape[0], x2.shape[1] + 1), dtype=rt)
         x1[:, :-1] = x2
@@ -292,6 +293,7 @@ def linear(x: TensorLike, weight: Tensor, bias: Tensor | None = None) -> Tensor:
         g2 = g.reshape(-1, g.shape[-1])
         gx = _mm(g2, w.T).reshape(xd.shape) if x.requires_grad else None
         if ones_column and weight.requires_grad:
+            assert bias is not None
             gwb = _mm(x1.T, g2)
             return gx, gwb[:-1], gwb[-1] if bias.requires_grad else None
         gw = _mm(x2.T, g2) if weight.requires_grad else None
