@@ -172,14 +172,24 @@ class Tensor:
         self._data = value
         autograd.bump_version(self)
 
-    data = property(
-        operator.attrgetter("_data"),
-        _set_data,
-        doc=(
-            "The values, an ndarray. Assigning to it (``t.data = a``, and so ``t.data -= a``) counts as an "
-            "in-place change, which backward checks (see :mod:`everyo.autograd`)."
-        ),
-    )
+    if TYPE_CHECKING:
+
+        @property
+        def data(self) -> Array:
+            """The values, an ndarray (see below)."""
+
+        @data.setter
+        def data(self, value: Array) -> None: ...
+    else:
+        # A C-level getter: ``.data`` is read on every op.
+        data = property(
+            operator.attrgetter("_data"),
+            _set_data,
+            doc=(
+                "The values, an ndarray. Assigning to it (``t.data = a``, and so ``t.data -= a``) counts as an "
+                "in-place change, which backward checks (see :mod:`everyo.autograd`)."
+            ),
+        )
 
     @property
     def dtype(self) -> np.dtype[Any]:

@@ -177,10 +177,12 @@ _PUBLIC_DUNDERS = frozenset(
 def _signature_gaps(qualname: str, fn: Callable[..., Any], *, is_method: bool) -> list[str]:
     import inspect
 
+    if not inspect.isfunction(fn):
+        return []  # a builtin or C callable (operator.attrgetter, ...): nothing to annotate here
     try:
         sig = inspect.signature(fn)
     except (TypeError, ValueError):
-        return []  # a builtin or C callable: nothing to annotate here
+        return []
     gaps = []
     params = list(sig.parameters.values())
     if is_method and params and params[0].name in ("self", "cls"):
