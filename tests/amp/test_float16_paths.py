@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import everyo as eo
-from everyo.half import _exact_to_half, _float_to_half, _half_to_float, _round_to_half
+from everyo.half import _exact_to_half, _float_to_half, _float_to_half_own, _half_to_float, _round_to_half
 
 ALL_HALF_CODES = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)
 
@@ -23,8 +23,10 @@ def assert_rounds_like_astype(x):
     with np.errstate(all="ignore"):
         expected = x.astype(np.float16)
         got = _float_to_half(x)
+        own = _float_to_half_own(x)  # the arithmetic path, whatever the sample would choose
         kept = _round_to_half(x)
     np.testing.assert_array_equal(got.view(np.uint16), expected.view(np.uint16))
+    np.testing.assert_array_equal(own.view(np.uint16), expected.view(np.uint16))
     np.testing.assert_array_equal(kept.view(np.uint32), expected.astype(np.float32).view(np.uint32))
 
 
@@ -207,3 +209,23 @@ def test_roundings_with_few_or_many_values_below_the_float16_normals(tiny_count)
 def test_half_to_float_fast_path_keeps_inf_nan_and_layout():
     h = ALL_HALF_CODES.view(np.float16).reshape(256, 256)[:, ::3]  # strided, with inf/NaN codes
     np.testing.assert_array_equal(_half_to_float(h).view(np.uint32), h.astype(np.float32).view(np.uint32))
+
+
+def test_float_to_half_takes_numpys_cast_only_when_the_sample_has_no_small_values(monkeypatch):
+    # Both paths are exact; which one runs is a speed decision. Normal-range
+    # data goes to astype, data with zeros or subnormals in the sample to the
+    # arithmetic path (NumPy is slow on those), and the result is astype's.
+    import everyo.half as half
+
+    calls = []
+    own = half._float_to_half_own
+    monkeypatch.setattr(half, "_float_to_half_own", lambda x: calls.append(x.size) or own(x))
+    rng = np.random.default_rng(3)
+    normal = (rng.standard_normal(4096).astype(np.float32) + np.float32(8.0)).astype(np.float32)
+    relu = np.maximum(rng.standard_normal(4096).astype(np.float32), np.float32(0.0))
+    tiny = (rng.standard_normal(4096) * 1e-6).astype(np.float32)
+    few = normal.copy()
+    few[::500] = 0.0  # one zero in 500: still NumPy's
+    for x in (normal, relu, tiny, normal[::2], few):
+        np.testing.assert_array_equal(half._float_to_half(x).view(np.uint16), x.astype(np.float16).view(np.uint16))
+    assert calls == [4096, 4096, 2048]  # relu, tiny, and the strided one
