@@ -29,6 +29,7 @@ from __future__ import annotations
 import os
 import shutil
 import sys
+import time
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -51,6 +52,9 @@ __all__ = ["init_mpi_process_group", "MPIProcessGroup", "find_mpiexec"]
 # communicators are typed Any here: an mpi4py.MPI.Comm.
 
 _NATIVE_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+# How long a rank with an uncaught exception waits, after writing its traceback,
+# before aborting the job (see _install_abort_hook).
+_ABORT_GRACE_SECONDS = 0.5
 _INSTALL_HINT = (
     "everyo.distributed_mpi needs mpi4py and an MPI library. Install them with: "
     "pip install everyo-distributed[mpi]   (or: pip install mpi4py mpich)"
@@ -83,8 +87,9 @@ def init_mpi_process_group(comm: Any = None, *, abort_on_exception: bool = True)
     ``comm`` must call this (it is collective).
 
     ``abort_on_exception`` (default True): an exception that nothing catches
-    on any rank prints its traceback and then calls ``MPI.COMM_WORLD.Abort``,
-    so the whole job ends at once, however it was launched. Without it, the
+    on any rank prints its traceback, waits half a second so the launcher
+    forwards it, and then calls ``MPI.COMM_WORLD.Abort``, so the whole job
+    ends at once, however it was launched. Without it, the
     failed rank's interpreter waits in ``MPI_Finalize`` for peers that wait in
     a collective for it: a plain ``mpiexec -n 2 python train.py`` hangs
     (``python -m mpi4py train.py`` aborts, which is what this does). It wraps
@@ -116,6 +121,11 @@ def _install_abort_hook(MPI: ModuleType) -> None:
                 f"{MPI.COMM_WORLD.Get_rank()}: aborting the MPI job (MPI.COMM_WORLD.Abort)\n"
             )
             sys.stderr.flush()
+            # The launcher forwards each rank's output through a pipe of its
+            # own and stops forwarding when the job aborts: without a pause,
+            # all but the traceback's first line can be lost (seen with MPICH's
+            # mpiexec under load). Only a failing rank ever waits here.
+            time.sleep(_ABORT_GRACE_SECONDS)
         finally:
             MPI.COMM_WORLD.Abort(1)
 
