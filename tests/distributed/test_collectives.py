@@ -9,8 +9,6 @@ backends must agree bit for bit. MPI ranks run this file as a program
 
 import json
 import os
-import signal
-import subprocess
 import sys
 from pathlib import Path
 
@@ -21,6 +19,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import shm_workers  # noqa: E402
+from mpi_launch import run_mpiexec  # noqa: E402
 from shm_workers import GATHER_SIZES, SCATTER_ROWS, as_dtype, bits, gather_dtypes, rank_array  # noqa: E402
 
 WORLD = 3
@@ -50,27 +49,8 @@ def run_tcp():
 
 
 def run_mpi(tmp_path):
-    pytest.importorskip("mpi4py", reason="mpi4py is not installed: pip install everyo-distributed[mpi]")
-    from everyo.distributed_mpi import find_mpiexec
-
-    mpiexec = find_mpiexec()
-    assert mpiexec, "mpi4py is installed but no mpiexec was found"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-    proc = subprocess.Popen(
-        [mpiexec, "-n", str(WORLD), sys.executable, __file__, str(tmp_path)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env=env,
-        start_new_session=True,
-    )
-    try:
-        output, _ = proc.communicate(timeout=120)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
-        raise
-    assert proc.returncode == 0, output[-4000:]
+    returncode, output = run_mpiexec(WORLD, [__file__, tmp_path], timeout=120)
+    assert returncode == 0, output[-4000:]
     results = []
     for rank in range(WORLD):
         with np.load(tmp_path / f"rank{rank}.npz", allow_pickle=False) as data:

@@ -6,8 +6,6 @@ DistributedSampler. MPI ranks run this file as a program (``python test_ddp.py O
 """
 
 import os
-import signal
-import subprocess
 import sys
 from pathlib import Path
 
@@ -18,6 +16,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import ddp_workers  # noqa: E402
+from mpi_launch import run_mpiexec  # noqa: E402
 
 WORLD = 2
 
@@ -30,25 +29,8 @@ def mpi_child(out_dir):
 
 
 def run_mpi(tmp_path, world=WORLD):
-    pytest.importorskip("mpi4py", reason="mpi4py is not installed: pip install everyo-distributed[mpi]")
-    from everyo.distributed_mpi import find_mpiexec
-
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-    proc = subprocess.Popen(
-        [find_mpiexec(), "-n", str(world), sys.executable, __file__, str(tmp_path)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env=env,
-        start_new_session=True,
-    )
-    try:
-        output, _ = proc.communicate(timeout=180)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
-        raise
-    assert proc.returncode == 0, output[-4000:]
+    returncode, output = run_mpiexec(world, [__file__, tmp_path], timeout=180)
+    assert returncode == 0, output[-4000:]
     results = []
     for rank in range(world):
         with np.load(tmp_path / f"rank{rank}.npz", allow_pickle=False) as data:

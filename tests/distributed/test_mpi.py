@@ -7,7 +7,6 @@ back and compare. Skipped, with the reason, only when mpi4py is not installed.
 
 import json
 import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -19,9 +18,8 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import shm_workers  # noqa: E402
+from mpi_launch import run_mpiexec  # noqa: E402
 from shm_workers import DTYPES, SIZES, rank_data  # noqa: E402
-
-from everyo.distributed_mpi import find_mpiexec  # noqa: E402
 
 TRAIN_STEPS = 15
 
@@ -97,25 +95,8 @@ def child(mode, out_dir):
 
 
 def run_mpi(world_size, mode, tmp_path):
-    pytest.importorskip("mpi4py", reason="mpi4py is not installed: pip install everyo-distributed[mpi]")
-    mpiexec = find_mpiexec()
-    assert mpiexec, "mpi4py is installed but no mpiexec was found on PATH or beside the Python executable"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-    proc = subprocess.Popen(
-        [mpiexec, "-n", str(world_size), sys.executable, __file__, mode, str(tmp_path)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env=env,
-        start_new_session=True,
-    )
-    try:
-        output, _ = proc.communicate(timeout=120)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)  # mpiexec and every rank: nothing left behind
-        proc.communicate()
-        raise
-    assert proc.returncode == 0, f"mpiexec exited with {proc.returncode}:\n{output[-4000:]}"
+    returncode, output = run_mpiexec(world_size, [__file__, mode, tmp_path], timeout=120)
+    assert returncode == 0, f"mpiexec exited with {returncode}:\n{output[-4000:]}"
     results = []
     for rank in range(world_size):
         with np.load(tmp_path / f"rank{rank}.npz", allow_pickle=False) as data:
@@ -218,27 +199,15 @@ def test_an_uncaught_exception_on_one_rank_aborts_the_whole_job(tmp_path):
     # barrier). The communicate() timeout below is only the hang detector; the abort takes well under 5 s.
     import time
 
-    pytest.importorskip("mpi4py", reason="mpi4py is not installed: pip install everyo-distributed[mpi]")
     script = tmp_path / "raises.py"
     script.write_text(RAISES)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
     start = time.monotonic()
-    proc = subprocess.Popen(
-        [find_mpiexec(), "-n", "2", sys.executable, str(script)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env=env,
-        start_new_session=True,
-    )
     try:
-        output, _ = proc.communicate(timeout=30)
+        returncode, output = run_mpiexec(2, [script], timeout=30)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
         pytest.fail("the MPI job hung after an exception on rank 1")
     print(f"aborted after {time.monotonic() - start:.2f} s")
-    assert proc.returncode != 0
+    assert returncode != 0
     assert "ValueError: boom on rank 1" in output and "aborting the MPI job" in output
     assert "got past the barrier" not in output
 
