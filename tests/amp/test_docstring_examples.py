@@ -1,6 +1,6 @@
 """Every docstring example in everyo.amp runs as written (doctest)."""
 
-from everyo.testing import run_docstring_examples
+from everyo.testing import run_docstring_examples, undocumented_public_api
 
 
 def test_amp_docstring_examples_run_as_written():
@@ -11,14 +11,5 @@ def test_amp_docstring_examples_run_as_written():
 
 def test_every_name_in_amps_all_has_a_docstring():
     import importlib
-    import inspect
 
-    module = importlib.import_module("everyo.amp")
-    missing = [
-        n
-        for n in module.__all__
-        if callable(getattr(module, n))
-        and not inspect.ismodule(getattr(module, n))
-        and not ((getattr(module, n).__doc__ or "").strip())
-    ]
-    assert missing == []
+    assert undocumented_public_api(importlib.import_module("everyo.amp")) == []

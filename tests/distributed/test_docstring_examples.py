@@ -2,7 +2,7 @@
 
 import pytest
 
-from everyo.testing import run_docstring_examples
+from everyo.testing import run_docstring_examples, undocumented_public_api
 
 
 @pytest.mark.parametrize("package", ["everyo.distributed", "everyo.distributed_tcp", "everyo.distributed_mpi"])
@@ -13,14 +13,5 @@ def test_distributed_docstring_examples_run_as_written(package):
 
 def test_every_name_in_distributeds_all_has_a_docstring():
     import importlib
-    import inspect
 
-    module = importlib.import_module("everyo.distributed")
-    missing = [
-        n
-        for n in module.__all__
-        if callable(getattr(module, n))
-        and not inspect.ismodule(getattr(module, n))
-        and not ((getattr(module, n).__doc__ or "").strip())
-    ]
-    assert missing == []
+    assert undocumented_public_api(importlib.import_module("everyo.distributed")) == []

@@ -26,7 +26,6 @@ from everyo import comparisons as _comparisons  # noqa: E402
 from everyo import elementwise as _elementwise  # noqa: E402
 from everyo import functional as _functional  # noqa: E402
 from everyo import indexing as _indexing  # noqa: E402
-from everyo import nn as _nn  # noqa: E402
 from everyo import reductions as _reductions  # noqa: E402
 from everyo import shape_ops as _shape_ops  # noqa: E402
 from everyo import sorting as _sorting  # noqa: E402
@@ -140,7 +139,7 @@ __all__ += _sorting.__all__
 __all__ += _elementwise.__all__
 __all__ += _shape_ops.__all__
 __all__ += _indexing.__all__
-__all__ += _nn.__all__
+__all__ += nn.__all__
 
 if _typing.TYPE_CHECKING:  # the add-ons' headline names, resolved lazily at run time (below)
     from everyo.amp.autocast import autocast as autocast

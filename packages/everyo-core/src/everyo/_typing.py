@@ -29,8 +29,6 @@ if TYPE_CHECKING:
     DType: TypeAlias = DTypeLike
     #: A NumPy array of any dtype.
     Array: TypeAlias = NDArray[Any]
-    #: A gradient hook: receives the gradient, may return a replacement.
-    GradHook: TypeAlias = Any
     FloatArray: TypeAlias = NDArray[np.floating[Any]]
 
 __all__: list[str] = []

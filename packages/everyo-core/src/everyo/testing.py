@@ -179,10 +179,7 @@ def _signature_gaps(qualname: str, fn: Callable[..., Any], *, is_method: bool) -
 
     if not inspect.isfunction(fn):
         return []  # a builtin or C callable (operator.attrgetter, ...): nothing to annotate here
-    try:
-        sig = inspect.signature(fn)
-    except (TypeError, ValueError):
-        return []
+    sig = inspect.signature(fn)
     gaps = []
     params = list(sig.parameters.values())
     if is_method and params and params[0].name in ("self", "cls"):
@@ -193,6 +190,48 @@ def _signature_gaps(qualname: str, fn: Callable[..., Any], *, is_method: bool) -
     if sig.return_annotation is inspect.Signature.empty:
         gaps.append(f"{qualname}: no return annotation")
     return gaps
+
+
+def _public_names(module: types.ModuleType, names: Iterable[str] | None) -> list[str]:
+    """``names``, else the module's ``__all__``, else the public names it defines itself."""
+    if names is None:
+        names = getattr(module, "__all__", None)
+    if names is None:
+        names = [
+            n
+            for n, v in vars(module).items()
+            if not n.startswith("_") and getattr(v, "__module__", None) == module.__name__
+        ]
+    return list(names)
+
+
+def undocumented_public_api(module: types.ModuleType, names: Iterable[str] | None = None) -> list[str]:
+    """The public names of ``module`` whose function or class has no docstring.
+
+    Args:
+        module: an imported module, for example ``everyo`` or ``everyo.amp``.
+        names: the names to check; default ``module.__all__`` (as in
+            :func:`unannotated_public_api`). Submodules and constants are
+            skipped (they cannot carry one of their own), and so are add-on
+            names whose add-on is not installed (its own cell checks them).
+
+    Returns:
+        The names without a docstring; empty when all have one.
+    """
+    import inspect
+
+    missing = []
+    for name in _public_names(module, names):
+        try:
+            obj = getattr(module, name)
+        except ImportError:
+            continue
+        if inspect.ismodule(obj) or not callable(obj):
+            continue
+        doc = obj.__doc__ if inspect.isclass(obj) else inspect.getdoc(obj)
+        if not (doc and doc.strip()):
+            missing.append(name)
+    return missing
 
 
 def unannotated_public_api(module: types.ModuleType, names: Iterable[str] | None = None) -> list[str]:
@@ -216,17 +255,9 @@ def unannotated_public_api(module: types.ModuleType, names: Iterable[str] | None
     """
     import inspect
 
-    if names is None:
-        names = getattr(module, "__all__", None)
-    if names is None:  # no __all__: the public names this module itself defines
-        names = [
-            n
-            for n, v in vars(module).items()
-            if not n.startswith("_") and getattr(v, "__module__", None) == module.__name__
-        ]
     gaps: list[str] = []
     seen: set[int] = set()
-    for name in names:
+    for name in _public_names(module, names):
         try:
             obj = getattr(module, name)
         except ImportError:
