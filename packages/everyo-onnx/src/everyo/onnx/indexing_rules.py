@@ -3,27 +3,9 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 
-if TYPE_CHECKING:
-    from collections.abc import Callable
-
-    from everyo.onnx.trace import Node
-    from everyo.onnx.translate import Translator
-
-RULES: dict[str, Callable[[Translator, Node], object]] = {}
-
-
-def _rule(*names):
-    def register(fn):
-        for name in names:
-            RULES[name] = fn
-        return fn
-
-    return register
-
+from everyo.onnx.registry import rule as _rule
 
 _COMPARE = {
     "equal": "Equal",

@@ -9,31 +9,13 @@ step as core computes it, so ONNX Runtime agrees to float32 rounding.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 
 from everyo.onnx.graph import TO_NCHW, TO_NHWC
-
-if TYPE_CHECKING:
-    from collections.abc import Callable
-
-    from everyo.onnx.trace import Node
-    from everyo.onnx.translate import Translator
-
-RULES: dict[str, Callable[[Translator, Node], object]] = {}
+from everyo.onnx.registry import rule
 
 _SQRT_2_OVER_PI = float(np.sqrt(2.0 / np.pi))
 _INV_SQRT_2 = float(1.0 / np.sqrt(2.0))
-
-
-def rule(*names):
-    def register(fn):
-        for name in names:
-            RULES[name] = fn
-        return fn
-
-    return register
 
 
 def _x(t, node):

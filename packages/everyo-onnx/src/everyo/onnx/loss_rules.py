@@ -10,7 +10,7 @@ every element.
 
 import numpy as np
 
-RULES = {}
+from everyo.onnx.registry import RULES
 
 
 def _reduce(t, node, per_element, ndim):

@@ -26,7 +26,7 @@ transposed back to EveryO's batch-first (B, T, H).
 
 import numpy as np
 
-RULES = {}
+from everyo.onnx.registry import RULES
 
 _GATE_ORDER = {"rnn_scan": [0], "lstm_scan": [0, 3, 1, 2], "gru_scan": [1, 0, 2]}
 _ONNX_OP = {"rnn_scan": "RNN", "lstm_scan": "LSTM", "gru_scan": "GRU"}

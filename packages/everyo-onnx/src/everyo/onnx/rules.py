@@ -12,17 +12,7 @@ import numpy as np
 
 from everyo.onnx import attention
 from everyo.onnx.graph import INT64_MAX, TO_NCHW, TO_NHWC
-
-RULES = {}
-
-
-def rule(*names):
-    def register(fn):
-        for name in names:
-            RULES[name] = fn
-        return fn
-
-    return register
+from everyo.onnx.registry import RULES, rule  # RULES: the table export.py reads
 
 
 def _out(node, k=0):
@@ -455,8 +445,5 @@ def embedding(t, node):
     t.set(_out(node), t.g.node("Gather", [t.name(weight, np.float32, 1), t.name(indices)], axis=0))
 
 
-from everyo.onnx import indexing_rules, layer_rules, loss_rules, recurrent_rules, reduction_rules  # noqa: E402
-
-# Their own files for size; one table.
-for _more in (recurrent_rules, loss_rules, reduction_rules, indexing_rules, layer_rules):
-    RULES.update(_more.RULES)
+# The other rule modules, in their own files for size, register into the same table.
+from everyo.onnx import indexing_rules, layer_rules, loss_rules, recurrent_rules, reduction_rules  # noqa: E402,F401
