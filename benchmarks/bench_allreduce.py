@@ -17,13 +17,20 @@ the mean column shows the general float64 path.
 A second table (skip it with ``--no-backends``) times the other process
 groups at 2 ranks: EveryO's TCP group with PyTorch's gloo taking turns in the
 same two processes (gloo only when torch is importable), and EveryO's MPI
-group beside raw mpi4py under ``mpiexec -n 2``.
+group beside raw mpi4py under ``mpiexec -n 2``. Its ``socket floor`` column is
+what any two-rank TCP all-reduce must at least spend: one loopback TCP
+connection between the two processes carrying the same bytes a ring
+all-reduce moves (each rank sends and receives the whole array once: half in
+the reduce-scatter, half in the all-gather), both directions at once, by a
+sending thread and ``recv_into`` a preallocated buffer -- no framing, no
+reduction, no result array.
 
 Targets (issue 5, on the 2-core machine): under 50 us at 1e3 elements; within
 1.5x of MPI above 1e6 elements; (issue 15) at least 10 GB/s algorithm bandwidth
 (array bytes / time) at 1e6; the spec's training at 2 workers at
-least 1.6x faster than at 1; (issue 7) TCP at least as fast as gloo from 1e6
-elements. They are printed beside the figures, not asserted.
+least 1.6x faster than at 1; (issue 15) TCP at most 0.5x gloo's time at 1e6
+and 1e7 elements (issue 7 asked for 1.0x). They are printed beside the
+figures, not asserted.
 """
 
 import argparse
@@ -39,6 +46,7 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 SIZES = (10**3, 10**5, 10**6, 10**7)
+FLOOR_FROM = 10**5  # the TCP table's socket floor is timed from this many elements
 REPEATS = 5  # timed repetitions per size per round; each repetition is many calls
 
 
@@ -183,6 +191,43 @@ def allreduce_table(rounds, sizes):
     return headers, rows
 
 
+def _socket_pair(group):
+    """One loopback TCP connection between the two ranks (rank 0 listens), tuned as the TCP group tunes its own."""
+    import socket
+
+    from everyo.distributed.tcp import wire
+
+    listener = None
+    if group.rank == 0:
+        listener = socket.create_server(("127.0.0.1", 0))
+        port = listener.getsockname()[1]
+    else:
+        port = 0
+    port = int(group.broadcast(np.array([port]), root=0)[0])
+    if group.rank == 0:
+        sock, _ = listener.accept()
+        listener.close()
+    else:
+        sock = socket.create_connection(("127.0.0.1", port))
+    wire.tune_socket(sock)
+    return sock
+
+
+def _exchange(sock, payload, received):
+    """Send ``payload`` and receive as many bytes into ``received`` at the same time (the socket floor)."""
+    import threading
+
+    sender = threading.Thread(target=sock.sendall, args=(payload,))
+    sender.start()
+    view, got = memoryview(received), 0
+    while got < len(view):
+        n = sock.recv_into(view[got:])
+        if not n:
+            raise ConnectionError("the peer closed the floor's connection")
+        got += n
+    sender.join()
+
+
 def tcp_worker(group, sizes, with_gloo):
     """EveryO's TCP group, and PyTorch's gloo on the same two processes when torch is installed.
 
@@ -201,6 +246,7 @@ def tcp_worker(group, sizes, with_gloo):
             probe.bind(("127.0.0.1", 0))
             gloo_port = probe.getsockname()[1]
     ports = group.broadcast(np.array([server.port if server else 0, gloo_port]), root=0)
+    floor_sock = _socket_pair(group)
     dist = None
     try:
         with init_tcp_process_group("127.0.0.1", int(ports[0]), group.rank, group.world_size) as tcp:
@@ -215,8 +261,11 @@ def tcp_worker(group, sizes, with_gloo):
             out = {}
             for size in sizes:
                 x = np.full(size, group.rank + 1, np.float32)
+                payload, received = x.view(np.uint8), np.empty(x.nbytes, np.uint8)
                 calls = {"tcp": lambda: tcp.all_reduce_sum(x), "mean": lambda: tcp.all_reduce_mean(x)}
-                barriers = {"tcp": tcp.barrier, "mean": tcp.barrier}
+                if size >= FLOOR_FROM:  # below, starting the sending thread costs more than the bytes
+                    calls["floor"] = lambda: _exchange(floor_sock, payload, received)
+                barriers = {"tcp": tcp.barrier, "mean": tcp.barrier, "floor": tcp.barrier}
                 if dist is not None:
                     t = torch.from_numpy(x.copy())
                     calls["gloo"], barriers["gloo"] = (lambda: dist.all_reduce(t)), dist.barrier
@@ -226,10 +275,14 @@ def tcp_worker(group, sizes, with_gloo):
                         times[name].append(time_loop(call, size, barriers[name], repeats=1))
                 out[size] = statistics.median(times["tcp"])
                 out["mean", size] = statistics.median(times["mean"])
+                if "floor" in times:
+                    out["floor", size] = statistics.median(times["floor"])
+                    out["over floor", size] = statistics.median(a / b for a, b in zip(times["tcp"], times["floor"]))
                 if dist is not None:
                     out["gloo", size] = statistics.median(times["gloo"])
                     out["ratio", size] = statistics.median(a / b for a, b in zip(times["tcp"], times["gloo"]))
     finally:
+        floor_sock.close()
         if dist is not None and dist.is_initialized():
             dist.destroy_process_group()
         if server is not None:
@@ -262,6 +315,8 @@ def backends_table(rounds, sizes):
         "elements",
         "TCP sum",
         "TCP mean",
+        "socket floor",
+        "TCP / floor",
         "gloo",
         "TCP / gloo",
         "target",
@@ -274,10 +329,14 @@ def backends_table(rounds, sizes):
     rows = []
     for size in sizes:
         row = [f"{size:.0e}", fmt_time(med("tcp", size)), fmt_time(med("tcp", ("mean", size)))]
+        if size >= FLOOR_FROM:
+            row += [fmt_time(med("tcp", ("floor", size))), f"{med('tcp', ('over floor', size)):.2f}x"]
+        else:
+            row += ["-", "-"]
         tcp_vs_gloo = med("tcp", ("ratio", size)) if have_torch else None
         row += ["-", "-"] if tcp_vs_gloo is None else [fmt_time(med("tcp", ("gloo", size))), f"{tcp_vs_gloo:.2f}x"]
         if size >= 10**6:
-            row += ["<= 1.0x gloo", "-" if tcp_vs_gloo is None else str(tcp_vs_gloo <= 1.0)]
+            row += ["<= 0.5x gloo", "-" if tcp_vs_gloo is None else str(tcp_vs_gloo <= 0.5)]
         else:
             row += ["-", "-"]
         if runs["mpi"]:
@@ -294,7 +353,8 @@ def backends_table(rounds, sizes):
     notes = [
         "TCP and gloo run in the same two processes, taking turns; the ratio is the median of the "
         "per-turn ratios. TCP and the MPI group reduce in float64 and return a new array; gloo and "
-        "raw mpi4py sum float32 in place (into a preallocated buffer)."
+        "raw mpi4py sum float32 in place (into a preallocated buffer). socket floor: the array's bytes "
+        "both ways at once over one plain loopback connection, what a ring all-reduce moves per rank."
     ]
     if not have_torch:
         notes.append("torch is not installed, so there is no gloo column (pip install torch to compare).")

@@ -147,7 +147,8 @@ def test_a_dropped_wrapper_is_collected_and_its_thread_ends():
     def body(group):
         from everyo.distributed import DistributedDataParallel
 
-        model = DistributedDataParallel(ddp_workers.build("mlp", seed=0), group)
+        # small buckets, so that more than one bucket exists: the last never goes to the thread
+        model = DistributedDataParallel(ddp_workers.build("mlp", seed=0), group, bucket_cap_mb=1e-4)
         x, y = ddp_workers.data("mlp")
         ddp_workers.loss_of(model, x[:8], y[:8]).backward()
         thread, ref = model._worker, weakref.ref(model)
@@ -163,6 +164,37 @@ def test_a_dropped_wrapper_is_collected_and_its_thread_ends():
     results, errors, _ = run_in_threads(1, body)
     assert errors == [None] and results == [False]
     assert not [t for t in threading.enumerate() if t.name.startswith("everyo-ddp")]
+
+
+def test_a_model_in_one_bucket_averages_on_the_main_thread_and_starts_no_thread():
+    import threading
+
+    from test_tcp_collectives import run_in_threads
+
+    def body(group):
+        from everyo.distributed import DistributedDataParallel
+
+        model = DistributedDataParallel(ddp_workers.build("mlp", seed=0), group)
+        x, y = ddp_workers.data("mlp")
+        ranks = []
+        original = group.all_reduce_mean
+
+        def recording(array):
+            ranks.append(threading.current_thread().name)
+            return original(array)
+
+        group.all_reduce_mean = recording
+        for _ in range(2):
+            model.zero_grad()
+            ddp_workers.loss_of(model, x[:8], y[:8]).backward()
+        return len(model._buckets), model._worker, ranks
+
+    results, errors, _ = run_in_threads(2, body)
+    assert errors == [None, None]
+    for buckets, worker, calls in results:
+        assert buckets == 1 and worker is None
+        # run_in_threads runs each rank on a thread of its own; DDP's thread would be "everyo-ddp-rank*"
+        assert len(calls) == 2 and not [name for name in calls if name.startswith("everyo-ddp")]
 
 
 def test_autocast_and_grad_scaler_take_the_same_skip_decision_on_every_rank():

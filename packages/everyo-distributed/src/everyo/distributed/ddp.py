@@ -7,9 +7,11 @@ their gradients, as in PyTorch), into buckets of at most ``bucket_cap_mb``.
 Each parameter carries a post-accumulate-grad hook; when the last gradient of
 a bucket is complete, the bucket goes to a background thread that averages it
 (one ``all_reduce_mean``) while the main thread keeps running backward. A
-callback queued for the end of the backward pass sends whatever buckets are
-left, waits for all of them and writes the averages back, so every ``.grad``
-is averaged by the time ``backward()`` returns.
+callback queued for the end of the backward pass averages whatever buckets are
+left on the main thread (always the last bucket: once it is complete there is
+no backward left to overlap with), waits for the others and writes the
+averages back, so every ``.grad`` is averaged by the time ``backward()``
+returns. A model whose gradients fit one bucket never starts the thread.
 
 Buckets are sent strictly in bucket order on every rank (a bucket completed
 early waits for the ones before it), so the ranks' collectives always line
@@ -50,7 +52,7 @@ _DESCRIPTION_BYTES = 256
 class _Bucket:
     """Parameters whose gradients travel together: one flat vector, plus one presence flag per parameter."""
 
-    __slots__ = ("params", "offsets", "size", "dtype")
+    __slots__ = ("params", "offsets", "size", "dtype", "_flat")
 
     def __init__(self, params: list[Tensor], dtype: np.dtype[Any]) -> None:
         self.params, self.dtype = params, dtype
@@ -59,14 +61,27 @@ class _Bucket:
             self.offsets.append(total)
             total += p.data.size
         self.size = total
+        self._flat: np.ndarray | None = None
 
     def flatten(self) -> np.ndarray:
-        flat = np.zeros(self.size + len(self.params), self.dtype)
+        """The gradients and presence flags in one vector.
+
+        The vector is allocated once and refilled every pass (a fresh array of
+        a large bucket costs a page fault per 4 KiB on every step); every
+        collective copies its input, so refilling it next pass is safe.
+        """
+        flat = self._flat
+        if flat is None:
+            flat = self._flat = np.empty(self.size + len(self.params), self.dtype)
         flags = flat[self.size :]
         for i, (p, start) in enumerate(zip(self.params, self.offsets)):
+            segment = flat[start : start + p.data.size]
             if p.grad is not None:
-                flat[start : start + p.data.size] = np.asarray(p.grad).reshape(-1)
+                np.copyto(segment, np.asarray(p.grad).reshape(-1))
                 flags[i] = 1
+            else:
+                segment.fill(0)
+                flags[i] = 0
         return flat
 
     def write_back(self, averaged: np.ndarray) -> None:
@@ -99,7 +114,8 @@ class DistributedDataParallel(Module):
         bucket_cap_mb: the largest bucket of gradients sent in one collective (MiB).
             Smaller buckets start communicating earlier; larger ones cost fewer calls.
         broadcast_buffers: also take rank 0's buffers (e.g. BatchNorm running
-            statistics) at construction and before every forward pass in training mode.
+            statistics) at construction and before every forward pass in training mode
+            (when the model had buffers at construction, as in PyTorch's DDP).
 
     Every rank must run the same number of synchronized backward passes, and
     each must reach at least one parameter on every rank (the first gradient
@@ -142,6 +158,9 @@ class DistributedDataParallel(Module):
         self.group = group
         self.broadcast_buffers = bool(broadcast_buffers)
         self.bucket_cap_mb = bucket_cap_mb
+        # Buffers are looked up once, here (as PyTorch's DDP does): walking the module tree on
+        # every forward pass costs more than the seed MLP's whole all-reduce.
+        self._has_buffers = bool(model.buffers())
         self._check_same_model()
         self._broadcast_state(params=True, buffers=self.broadcast_buffers)
         params = [p for p in model.parameters() if p.requires_grad]
@@ -165,7 +184,7 @@ class DistributedDataParallel(Module):
     # -- the public API -------------------------------------------------------------------------
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         self._drain_stale_pass()
-        if self.broadcast_buffers and self.training and self.module.buffers():
+        if self.broadcast_buffers and self.training and self._has_buffers:
             self._broadcast_state(params=False, buffers=True)
         return self.module(*args, **kwargs)
 
@@ -265,15 +284,26 @@ class DistributedDataParallel(Module):
         self._launch(current, all_left=False)
 
     def _launch(self, current: _Pass, all_left: bool) -> None:
-        """Send buckets in bucket order: every complete one not yet sent (or all that are left)."""
+        """Send buckets in bucket order: every complete one not yet sent (or all that are left).
+
+        The last bucket is never handed to the background thread: once it is
+        complete, every parameter has its gradient, so the rest of backward has
+        nothing left to overlap with; the end-of-backward callback averages it
+        on the main thread, without the thread's wake-up (which, on a core
+        shared with the main thread, is also a context switch). A model with one
+        bucket therefore never starts the thread.
+        """
         buckets = self._buckets
         while current.launched < len(buckets):
             b = current.launched
-            if not all_left and current.arrived[b] < len(buckets[b].params):
+            if not all_left and (b == len(buckets) - 1 or current.arrived[b] < len(buckets[b].params)):
                 return
             current.launched += 1
-            self._ensure_worker()
-            self._jobs.put((current, b, self._buckets[b], self.group))
+            if not all_left:
+                self._ensure_worker()
+            # At the end of backward the main thread takes queued buckets itself (_wait_for):
+            # no need to wake the thread for them.
+            self._jobs.put((current, b, self._buckets[b], self.group), wake=not all_left)
 
     def _wait_for(self, current: _Pass) -> None:
         """Wait until every bucket of ``current`` is averaged, averaging queued ones here meanwhile.
@@ -356,10 +386,11 @@ class _Jobs:
         self.pending: collections.deque[_Job] = collections.deque()
         self.busy = False
 
-    def put(self, job: _Job) -> None:
+    def put(self, job: _Job, wake: bool = True) -> None:
         with self.cond:
             self.pending.append(job)
-            self.cond.notify_all()
+            if wake:
+                self.cond.notify_all()
 
     def take(self, block: bool, timeout: float | None = None) -> _Job | None:
         """The next job (now marked busy), or None (nothing to take, or another job is running)."""

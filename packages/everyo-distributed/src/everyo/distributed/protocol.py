@@ -192,6 +192,9 @@ def prepare_array(array: TensorLike, op: str) -> np.ndarray:
     return data
 
 
+_PAIR_BLOCK = 1 << 16  # elements per block of the two-rank mean (256 KiB of float32)
+
+
 def reduce_in_rank_order(
     slots: Sequence[np.ndarray], op: str, out: np.ndarray | None = None, block: int = 1 << 15
 ) -> np.ndarray:
@@ -218,8 +221,11 @@ def reduce_in_rank_order(
       multiples of the smallest subnormal), so its half is
       normal and halving is exact and commutes with the rounding. The float64
       path rounds ``(a + b) / 2`` twice, which is innocuous as above. Only an
-      overflow to inf (or inf/NaN inputs) can differ: then the whole array is
-      recomputed in float64. Not used when ``out`` overlaps an input.
+      overflow to inf in ``a + b`` can differ (the float64 half may be
+      finite); it raises the IEEE overflow flag, as ``inf - inf`` raises the
+      invalid flag, and then the whole array is recomputed in float64. An inf
+      or NaN input otherwise propagates as it does in float64. Not used when
+      ``out`` overlaps an input.
     * mean over a power-of-two number of ranks: multiply by ``1 / world_size``
       instead of dividing; both are the correctly rounded value of the same
       real number.
@@ -248,11 +254,17 @@ def reduce_in_rank_order(
         and op == "mean"
         and not any(np.may_share_memory(flat_out, f) for f in flats)
     ):
-        np.add(flats[0], flats[1], out=flat_out)
-        np.multiply(flat_out, 0.5, out=flat_out)
-        if np.isfinite(flat_out).all():
+        # In L2-sized blocks, so the halving reads what the add just wrote from cache. An overflow
+        # (or inf - inf) raises the IEEE flag NumPy checks after each loop, cheaper than a finiteness pass.
+        try:
+            with np.errstate(over="raise", invalid="raise"):
+                for start in range(0, n, _PAIR_BLOCK):
+                    part = flat_out[start : start + _PAIR_BLOCK]
+                    np.add(flats[0][start : start + _PAIR_BLOCK], flats[1][start : start + _PAIR_BLOCK], out=part)
+                    np.multiply(part, 0.5, out=part)
             return out
-        # an overflow, or inf/NaN inputs: recompute everything below in float64
+        except FloatingPointError:
+            pass  # recompute everything below in float64
     acc_dtype: type[np.generic]
     if floating:
         acc_dtype = np.float64
