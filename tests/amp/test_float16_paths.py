@@ -229,3 +229,22 @@ def test_float_to_half_takes_numpys_cast_only_when_the_sample_has_no_small_value
     for x in (normal, relu, tiny, normal[::2], few):
         np.testing.assert_array_equal(half._float_to_half(x).view(np.uint16), x.astype(np.float16).view(np.uint16))
     assert calls == [4096, 4096, 2048]  # relu, tiny, and the strided one
+
+
+def test_large_arrays_are_converted_block_by_block_with_the_same_bits():
+    # Large arrays go through the conversions in L2-sized blocks (everyo.half._BLOCK); each
+    # block picks its own path (fast, a few redone, general, specials), and the
+    # whole must still be astype's, bit for bit, including a last partial block.
+    from everyo.half import _BLOCK
+
+    rng = np.random.default_rng(11)
+    n = 5 * _BLOCK + 123
+    x = rng.standard_normal(n).astype(np.float32)
+    x[_BLOCK : 2 * _BLOCK] *= np.float32(1e-5)  # block 1: many float16 subnormals (general path)
+    x[2 * _BLOCK : 3 * _BLOCK : 7] = 0.0  # block 2: ReLU-like zeros of both signs
+    x[2 * _BLOCK + 3 : 3 * _BLOCK : 11] = -0.0
+    specials = [np.nan, np.inf, -7e4, 65520.0, 2**-25, -(2**-24) * 1.5]  # block 3: overflow, inf, NaN, a few tiny
+    x[3 * _BLOCK + 5 + 9973 * np.arange(len(specials))] = specials
+    x[-3:] = [2049.0, 1 + 2**-11, 2**-14 * 0.75]  # the partial last block
+    assert_rounds_like_astype(x)
+    assert_rounds_like_astype(x.reshape(-1, 1)[::2])  # strided and 2-D: made contiguous, shape kept

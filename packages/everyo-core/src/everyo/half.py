@@ -181,6 +181,32 @@ def _few(mask):
     return np.flatnonzero(mask) if n else _NONE
 
 
+_BLOCK = 1 << 16  # elements: 256 KiB of float32, so a block's passes and scratch stay in L2
+
+
+def _blockwise(kernel: Callable[[FloatArray], Array], out_dtype: Any) -> Callable[[Array], Array]:
+    """``kernel`` (float32 array -> array of ``out_dtype``, same size) run over
+    L2-sized blocks of a large array. The conversions are a dozen whole-array
+    passes each; on a 2 MiB array every pass goes to L3, on a block it stays in
+    L2 (NumPy 2.4, this machine: the float16 rounding of 512K small gradients
+    3.9 -> 1.3 ms, of ReLU outputs 1.26 -> 0.76 ms). Each block gets the same
+    treatment as a whole array would, so the results are the same bits."""
+
+    def run(x: Array) -> Array:
+        if x.size <= 2 * _BLOCK:
+            return kernel(x)
+        shape = np.shape(x)
+        flat = np.ascontiguousarray(x, dtype=_F32).reshape(-1)
+        out = np.empty(flat.size, out_dtype)
+        for start in range(0, flat.size, _BLOCK):
+            out[start : start + _BLOCK] = kernel(flat[start : start + _BLOCK])
+        return out.reshape(shape)
+
+    run.__doc__ = kernel.__doc__
+    run.__name__ = kernel.__name__.removesuffix("_block")
+    return run
+
+
 _SAMPLE = 31  # the stride of the sample _float_to_half looks at
 _MIN_NORMAL = _F32(2.0**-14)
 
@@ -208,7 +234,7 @@ def _float_to_half(x):
     return _float_to_half_own(x)
 
 
-def _float_to_half_own(x):
+def _float_to_half_own_block(x):
     """:func:`_float_to_half`'s own path (the whole-array passes described in
     the module docstring), bit-identical to ``astype`` for any input."""
     if x.size <= _SMALL:
@@ -230,7 +256,7 @@ def _float_to_half_own(x):
     return _fix_special(out, x).view(np.float16).reshape(shape)
 
 
-def _round_to_half(x):
+def _round_to_half_block(x):
     """float32 array -> float32 array of the same values ``x.astype(np.float16)``
     holds (bit for bit, signed zeros, inf and NaN included), without ever
     storing float16: a fraction of the passes of a conversion down and back up."""
@@ -252,6 +278,10 @@ def _round_to_half(x):
         special = _special_mask(x)
         a[special] = x[special].astype(np.float16).astype(_F32)
     return a.reshape(shape)
+
+
+_float_to_half_own = _blockwise(_float_to_half_own_block, np.float16)
+_round_to_half = _blockwise(_round_to_half_block, _F32)
 
 
 class Rounded:
@@ -367,20 +397,31 @@ def _rne_bits(x):
     return r
 
 
-def _float_to_bfloat16(x, dtype):
-    """float32 array -> ``dtype`` (bfloat16) array, bit-identical to ``x.astype(dtype)``."""
+def _bfloat16_codes_block(x):
+    """float32 array -> its bfloat16 codes (uint16), rounded as ``astype`` rounds."""
     shape = np.shape(x)
     r = _rne_bits(x)
     np.right_shift(r, _U32(16), out=r)
-    return r.astype(np.uint16).view(dtype).reshape(shape)
+    return r.astype(np.uint16).reshape(shape)
 
 
-def _round_to_bfloat16(x):
+_bfloat16_codes = _blockwise(_bfloat16_codes_block, np.uint16)
+
+
+def _float_to_bfloat16(x, dtype):
+    """float32 array -> ``dtype`` (bfloat16) array, bit-identical to ``x.astype(dtype)``."""
+    return _bfloat16_codes(x).view(dtype)
+
+
+def _round_to_bfloat16_block(x):
     """float32 array -> float32 array of the values ``x.astype(bfloat16)`` holds."""
     shape = np.shape(x)
     r = _rne_bits(x)
     np.bitwise_and(r, _U32(0xFFFF0000), out=r)
     return r.view(_F32).reshape(shape)
+
+
+_round_to_bfloat16 = _blockwise(_round_to_bfloat16_block, _F32)
 
 
 def _exact_to_bfloat16(x, dtype):
