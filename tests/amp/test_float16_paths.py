@@ -13,6 +13,22 @@ from everyo.half import _exact_to_half, _float_to_half, _float_to_half_own, _hal
 ALL_HALF_CODES = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)
 
 
+@pytest.fixture(autouse=True, params=["onnxruntime", "numpy"])
+def converter(request):
+    """Every test here runs twice: with everyo-amp's onnxruntime converter installed in core
+    (onnxruntime is a dependency of this test cell, so it must work) and with core's own."""
+    import everyo.half as half
+    from everyo.amp.fast_casts import _CASTS
+
+    if request.param == "onnxruntime":
+        assert _CASTS._ready() is not None, _CASTS.status
+        previous = half.set_cast_kernel(_CASTS)
+    else:
+        previous = half.set_cast_kernel(None)
+    yield request.param
+    half.set_cast_kernel(previous)
+
+
 def test_half_to_float_matches_astype_for_every_float16_code():
     h = ALL_HALF_CODES.view(np.float16)
     np.testing.assert_array_equal(_half_to_float(h).view(np.uint32), h.astype(np.float32).view(np.uint32))
@@ -220,6 +236,7 @@ def test_float_to_half_takes_numpys_cast_only_when_the_sample_has_no_small_value
     calls = []
     own = half._float_to_half_own
     monkeypatch.setattr(half, "_float_to_half_own", lambda x: calls.append(x.size) or own(x))
+    monkeypatch.setattr(half, "_kernel", None)  # the choice made without a converter installed
     rng = np.random.default_rng(3)
     normal = (rng.standard_normal(4096).astype(np.float32) + np.float32(8.0)).astype(np.float32)
     relu = np.maximum(rng.standard_normal(4096).astype(np.float32), np.float32(0.0))

@@ -138,6 +138,7 @@ def _held(fn):
     [(eo.BatchNorm2D(16), (128, 8, 8, 16)), (eo.LayerNorm(16), (128, 32, 16)), (eo.GroupNorm(4, 16), (128, 8, 8, 16))],
     ids=["BatchNorm2D", "LayerNorm", "GroupNorm"],
 )
+@pytest.mark.usefixtures("numpy_conversions")  # tracemalloc counts NumPy's allocations only
 def test_backward_keeps_no_float32_copy_of_the_activations(norm, shape):
     # linear -> norm -> ReLU: what the graph holds under autocast against float32
     # (the 16-bit activations are half the bytes; a float32 copy anywhere would show).

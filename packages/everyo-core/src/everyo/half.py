@@ -45,10 +45,88 @@ _F16 = np.dtype(np.float16)
 _SMALL = 256  # at or below this many elements, NumPy's own astype is cheaper
 
 
+# --- an optional converter from outside core ------------------------------------
+# NumPy (2.4) converts float16 <-> float32 one element at a time, and the
+# whole-array passes below cost a dozen passes each; a CPU's own conversion
+# instructions (F16C, NEON) do it at memory speed. Core cannot reach them with
+# NumPy alone, so it takes a converter from outside (everyo-amp installs one
+# backed by onnxruntime's Cast, after checking it against NumPy) and keeps its
+# own conversions as the fallback. Whatever the converter returns, values that
+# float16 cannot hold finitely (|x| >= 65520, inf, NaN) are converted again by
+# NumPy, so NaN payloads, overflow warnings and np.errstate stay astype's.
+_KERNEL_MIN = 4096  # below this many elements a converter's per-call cost is not worth it
+_kernel: Any = None
+
+
+def set_cast_kernel(kernel: Any) -> Any:
+    """Install ``kernel`` as the float32 <-> float16 converter for large
+    arrays (``None`` removes it); returns the previous one.
+
+    ``kernel.down(x)`` takes a 1-D C-contiguous float32 array and returns its
+    float16 array, rounded to nearest even bit for bit as ``astype`` rounds
+    every finite value below 65520, and giving an inf or NaN code (exponent
+    all ones) for every other value, which is then redone here; or ``None``
+    to decline (core's own conversion then runs). ``kernel.up(h)`` takes a
+    1-D C-contiguous float16 array and returns the exact float32 array (inf
+    and NaN codes are redone here), or ``None``. ``kernel.round(x)`` returns
+    ``(down(x), up(down(x)))`` in one call, or ``None``. All must be safe to
+    call from any thread.
+    """
+    global _kernel
+    previous, _kernel = _kernel, kernel
+    return previous
+
+
+def _kernel_down(x):
+    """float16 array of float32 ``x`` by the installed converter, or None."""
+    kernel = _kernel
+    if kernel is None or x.size < _KERNEL_MIN or x.dtype != _F32 or not x.flags.c_contiguous:
+        return None
+    flat = x.reshape(-1)
+    h = kernel.down(flat)
+    if h is None:
+        return None
+    return _redo_special_down(h, flat).reshape(x.shape)
+
+
+def _special_codes(h):
+    """Whether float16 ``h`` holds an inf or NaN code: they are the largest codes of either sign."""
+    return h.view(np.int16).max() > 0x7BFF or h.view(np.uint16).max() > 0xFBFF
+
+
+def _redo_special_down(h, flat):
+    """The converter's float16 ``h`` of float32 ``flat``, with its inf and NaN codes made astype's.
+    (Checking the 2-byte codes costs a third of checking the input.)"""
+    if _special_codes(h):
+        special = _special_mask(flat)
+        h = np.array(h, copy=True) if not h.flags.writeable else h
+        h[special] = flat[special].astype(np.float16)
+    return h
+
+
+def _kernel_up(h):
+    """float32 array of float16 ``h`` by the installed converter, or None."""
+    kernel = _kernel
+    if kernel is None or h.size < _KERNEL_MIN or not h.flags.c_contiguous:
+        return None
+    flat = h.reshape(-1)
+    f = kernel.up(flat)
+    if f is None:
+        return None
+    if _special_codes(flat):  # the converter may quiet signalling NaNs; NumPy keeps them
+        bad = ~(np.abs(f) < _F32(65536.0))
+        f = np.array(f, copy=True) if not f.flags.writeable else f
+        f[bad] = flat[bad].astype(_F32)
+    return f.reshape(h.shape)
+
+
 def _half_to_float(h):
     """float16 array -> float32 array (exact)."""
     if h.size <= _SMALL:
         return h.astype(np.float32)
+    fast = _kernel_up(h)
+    if fast is not None:
+        return fast
     # Sign-extend the code to 32 bits and shift it up by 13: the sign lands on
     # bit 31 (its copies on bits 28-30 are masked off), the 5-bit exponent and
     # the 10-bit mantissa on float32's exponent and mantissa. Multiplying by
@@ -153,6 +231,9 @@ def _exact_to_half(x):
     the encoding, exact for subnormals and zeros too."""
     if x.size <= _SMALL:
         return x.astype(np.float16)
+    fast = _kernel_down(x)
+    if fast is not None:
+        return fast
     shape = np.shape(x)
     x = np.ascontiguousarray(x, dtype=_F32).reshape(-1)
     out = _encode(x.copy(), x, np.empty(x.size, _U32))
@@ -225,6 +306,9 @@ def _float_to_half(x):
     """
     if x.size <= _SMALL:
         return x.astype(np.float16)
+    fast = _kernel_down(x)
+    if fast is not None:
+        return fast
     if x.dtype == _F32 and x.flags.c_contiguous:
         sample = x.reshape(-1)[::_SAMPLE]
         # |v| < 2**-14 (zeros included) or NaN: the values NumPy is slow on.
@@ -281,7 +365,26 @@ def _round_to_half_block(x):
 
 
 _float_to_half_own = _blockwise(_float_to_half_own_block, np.float16)
-_round_to_half = _blockwise(_round_to_half_block, _F32)
+_round_to_half_own = _blockwise(_round_to_half_block, _F32)
+
+
+def _round_to_half(x):
+    """float32 array -> float32 array of the same values ``x.astype(np.float16)``
+    holds (bit for bit, signed zeros, inf and NaN included): by the installed
+    converter down and back up when there is one, else without ever storing
+    float16 (:func:`_round_to_half_block`, in L2-sized blocks)."""
+    kernel = _kernel
+    if kernel is not None and x.size >= _KERNEL_MIN and x.dtype == _F32 and x.flags.c_contiguous:
+        flat = x.reshape(-1)
+        both = kernel.round(flat)
+        if both is not None:
+            h, f = both
+            if _special_codes(h):
+                special = _special_mask(flat)
+                f = np.array(f, copy=True) if not f.flags.writeable else f
+                f[special] = flat[special].astype(np.float16).astype(_F32)
+            return f.reshape(x.shape)
+    return _round_to_half_own(x)
 
 
 class Rounded:

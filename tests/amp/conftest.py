@@ -1,0 +1,19 @@
+"""Shared fixtures of the amp cell."""
+
+import pytest
+
+
+@pytest.fixture
+def numpy_conversions():
+    """Core's own float16 conversions for the test (no outside converter).
+
+    Tests that count memory with tracemalloc need it: tracemalloc sees only
+    what NumPy allocates, and the arrays everyo-amp's onnxruntime converter
+    returns live in onnxruntime's memory, so with it installed those tests
+    would count too little and could not fail. The arrays kept are the same
+    either way."""
+    import everyo.half as half
+
+    previous = half.set_cast_kernel(None)
+    yield
+    half.set_cast_kernel(previous)

@@ -1,0 +1,114 @@
+"""everyo.half.set_cast_kernel: core's contract with an outside float16 converter.
+
+Core redoes, with NumPy, every value a converter may get wrong without being
+wrong on finite values (NaN payloads, signalling NaNs, inf, overflow), only
+hands it large C-contiguous arrays, and falls back to its own conversions
+when the converter declines. Tested with plain-NumPy stand-ins (everyo-amp's
+onnxruntime converter is tested in the amp cell).
+"""
+
+import numpy as np
+import pytest
+
+import everyo.half as half
+
+
+class _Careless:
+    """Right on finite values; every inf/NaN code comes back as a bare quiet NaN or inf of the wrong sign."""
+
+    def __init__(self):
+        self.calls = []
+
+    def down(self, x):
+        self.calls.append(("down", x.size, x.flags.c_contiguous, x.ndim))
+        with np.errstate(over="ignore"):
+            h = x.astype(np.float16)
+        codes = h.view(np.uint16)
+        special = (codes & 0x7C00) == 0x7C00
+        codes[special] = 0x7E00  # every special becomes the same quiet NaN
+        return h
+
+    def up(self, h):
+        self.calls.append(("up", h.size, h.flags.c_contiguous, h.ndim))
+        f = h.astype(np.float32)
+        f[~np.isfinite(f)] = -np.inf
+        return f
+
+    def round(self, x):
+        h = self.down(x)
+        return h, self.up(h)
+
+
+class _Declining:
+    def down(self, x):
+        return None
+
+    def up(self, h):
+        return None
+
+    def round(self, x):
+        return None
+
+
+@pytest.fixture
+def install():
+    installed = []
+
+    def put(kernel):
+        installed.append(half.set_cast_kernel(kernel))
+        return kernel
+
+    yield put
+    half.set_cast_kernel(installed[0] if installed else None)
+
+
+def _edge_array(n, seed):
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal(n).astype(np.float32)
+    x[:6] = [np.inf, -np.inf, 1e6, -65520.0, 65519.0, -0.0]
+    x[6:8] = np.array([0x7FA00001, 0xFFC00123], np.uint32).view(np.float32)  # signalling and payload NaNs
+    return x
+
+
+@pytest.mark.parametrize("kernel_cls", [_Careless, _Declining])
+def test_results_are_astypes_bits_whatever_the_converter_does(install, kernel_cls):
+    install(kernel_cls())
+    x = _edge_array(10_000, 0)
+    with np.errstate(over="ignore"):
+        expected = x.astype(np.float16)
+        got = half._float_to_half(x)
+        kept = half._round_to_half(x)
+        exact = half._exact_to_half(expected.astype(np.float32))
+    np.testing.assert_array_equal(got.view(np.uint16), expected.view(np.uint16))
+    np.testing.assert_array_equal(kept.view(np.uint32), expected.astype(np.float32).view(np.uint32))
+    np.testing.assert_array_equal(exact.view(np.uint16), expected.view(np.uint16))
+    codes = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16)
+    np.testing.assert_array_equal(half._half_to_float(codes).view(np.uint32), codes.astype(np.float32).view(np.uint32))
+
+
+def test_only_large_contiguous_float32_arrays_reach_the_converter(install):
+    kernel = install(_Careless())
+    big = np.ones((64, 100), np.float32)
+    half._float_to_half(big)
+    half._float_to_half(big[:, ::2])  # strided: core's own path
+    half._float_to_half(big[:10])  # 1,000 values: below the threshold
+    half._float_to_half(big.astype(np.float64))  # not float32
+    half._half_to_float(big.astype(np.float16))
+    assert kernel.calls == [("down", 6400, True, 1), ("up", 6400, True, 1)]
+    assert half._float_to_half(big).shape == (64, 100)  # the caller's shape, from a 1-D converter
+
+
+def test_the_overflow_warning_and_errstate_stay_numpys(install):
+    install(_Careless())
+    x = _edge_array(5000, 1)
+    with pytest.warns(RuntimeWarning, match="overflow"):
+        half._float_to_half(x)
+    with np.errstate(over="raise"), pytest.raises(FloatingPointError):
+        half._float_to_half(x)
+
+
+def test_set_cast_kernel_returns_the_previous_one(install):
+    first, second = _Careless(), _Declining()
+    install(first)
+    assert half.set_cast_kernel(second) is first
+    assert half.set_cast_kernel(first) is second
