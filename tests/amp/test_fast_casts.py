@@ -75,6 +75,13 @@ def test_an_onnxruntime_that_will_not_import_means_numpy(monkeypatch):
     assert casts.failed and casts.status.startswith("numpy (onnxruntime casts unavailable: ModuleNotFoundError")
 
 
+def test_importing_amp_does_not_import_onnxruntime():
+    code = "import sys, everyo as eo, everyo.amp; print('onnxruntime' in sys.modules, everyo.amp.cast_backend())"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("False not used yet"), out.stdout
+
+
 def test_environment_variable_keeps_numpys_conversions():
     code = (
         "import everyo.amp, everyo.half as h, numpy as np;"
