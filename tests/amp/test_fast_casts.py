@@ -121,3 +121,27 @@ def test_specials_are_numpys_whatever_the_converter_says(n):
     np.testing.assert_array_equal(kept.view(np.uint32), expected.astype(np.float32).view(np.uint32))
     codes = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16)
     np.testing.assert_array_equal(half._half_to_float(codes).view(np.uint32), codes.astype(np.float32).view(np.uint32))
+
+
+def test_threads_converting_at_once_all_get_astypes_bits():
+    import threading
+
+    rng = np.random.default_rng(4)
+    arrays = [rng.standard_normal(30_000 + 1000 * k).astype(np.float32) * np.float32(10.0**-k) for k in range(6)]
+    wrong = []
+
+    def work(x):
+        for _ in range(20):
+            h = half._float_to_half(x)
+            if not np.array_equal(h.view(np.uint16), x.astype(np.float16).view(np.uint16)):
+                wrong.append("down")
+            if not np.array_equal(half._half_to_float(h).view(np.uint32), h.astype(np.float32).view(np.uint32)):
+                wrong.append("up")
+
+    threads = [threading.Thread(target=work, args=(x,)) for x in arrays]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert half._kernel is _CASTS and not _CASTS.failed
+    assert not wrong and not any(t.is_alive() for t in threads)
