@@ -86,16 +86,26 @@ def test_results_are_astypes_bits_whatever_the_converter_does(install, kernel_cl
     np.testing.assert_array_equal(half._half_to_float(codes).view(np.uint32), codes.astype(np.float32).view(np.uint32))
 
 
-def test_only_large_contiguous_float32_arrays_reach_the_converter(install):
+def test_only_large_float32_arrays_reach_the_converter_as_contiguous_vectors(install):
     kernel = install(_Careless())
-    big = np.ones((64, 100), np.float32)
+    big = np.arange(12800, dtype=np.float32).reshape(128, 100) / np.float32(7.0)
     half._float_to_half(big)
-    half._float_to_half(big[:, ::2])  # strided: core's own path
     half._float_to_half(big[:10])  # 1,000 values: below the threshold
     half._float_to_half(big.astype(np.float64))  # not float32
     half._half_to_float(big.astype(np.float16))
-    assert kernel.calls == [("down", 6400, True, 1), ("up", 6400, True, 1)]
-    assert half._float_to_half(big).shape == (64, 100)  # the caller's shape, from a 1-D converter
+    assert kernel.calls == [("down", 12800, True, 1), ("up", 12800, True, 1)]
+    # a strided view (a transpose, every other column) goes as a contiguous copy, and comes back
+    # in the caller's shape with astype's values
+    for view in (big.T, big[:, ::2]):
+        kernel.calls.clear()
+        got = half._float_to_half(view)
+        assert kernel.calls == [("down", view.size, True, 1)]
+        assert got.shape == view.shape
+        np.testing.assert_array_equal(got.view(np.uint16), view.astype(np.float16).view(np.uint16))
+        kernel.calls.clear()
+        back = half._half_to_float(got.T)
+        assert kernel.calls == [("up", view.size, True, 1)] and back.shape == got.T.shape
+        np.testing.assert_array_equal(back, got.T.astype(np.float32))
 
 
 def test_the_overflow_warning_and_errstate_stay_numpys(install):

@@ -62,6 +62,7 @@ def set_cast_kernel(kernel: Any) -> Any:
     """Install ``kernel`` as the float32 <-> float16 converter for large
     arrays (``None`` removes it); returns the previous one.
 
+    Arrays of any layout are handed over as 1-D C-contiguous copies.
     ``kernel.down(x)`` takes a 1-D C-contiguous float32 array and returns its
     float16 array, rounded to nearest even bit for bit as ``astype`` rounds
     every finite value below 65520, and giving an inf or NaN code (exponent
@@ -80,9 +81,9 @@ def set_cast_kernel(kernel: Any) -> Any:
 def _kernel_down(x):
     """float16 array of float32 ``x`` by the installed converter, or None."""
     kernel = _kernel
-    if kernel is None or x.size < _KERNEL_MIN or x.dtype != _F32 or not x.flags.c_contiguous:
+    if kernel is None or x.size < _KERNEL_MIN or x.dtype != _F32:
         return None
-    flat = x.reshape(-1)
+    flat = np.ascontiguousarray(x).reshape(-1)  # a strided view (a transpose) costs one copy, still far cheaper
     h = kernel.down(flat)
     if h is None:
         return None
@@ -107,9 +108,9 @@ def _redo_special_down(h, flat):
 def _kernel_up(h):
     """float32 array of float16 ``h`` by the installed converter, or None."""
     kernel = _kernel
-    if kernel is None or h.size < _KERNEL_MIN or not h.flags.c_contiguous:
+    if kernel is None or h.size < _KERNEL_MIN or h.dtype != _F16:
         return None
-    flat = h.reshape(-1)
+    flat = np.ascontiguousarray(h).reshape(-1)
     f = kernel.up(flat)
     if f is None:
         return None
@@ -374,8 +375,8 @@ def _round_to_half(x):
     converter down and back up when there is one, else without ever storing
     float16 (:func:`_round_to_half_block`, in L2-sized blocks)."""
     kernel = _kernel
-    if kernel is not None and x.size >= _KERNEL_MIN and x.dtype == _F32 and x.flags.c_contiguous:
-        flat = x.reshape(-1)
+    if kernel is not None and x.size >= _KERNEL_MIN and x.dtype == _F32:
+        flat = np.ascontiguousarray(x).reshape(-1)
         both = kernel.round(flat)
         if both is not None:
             h, f = both
