@@ -145,3 +145,26 @@ def test_threads_converting_at_once_all_get_astypes_bits():
         t.join(60)
     assert half._kernel is _CASTS and not _CASTS.failed
     assert not wrong and not any(t.is_alive() for t in threads)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="os.fork is POSIX-only")
+def test_a_forked_child_builds_its_own_sessions_and_converts_exactly():
+    half._float_to_half(np.ones(10_000, np.float32))  # the parent's sessions exist
+    assert _CASTS._sessions is not None
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report, never return into pytest
+        ok = 0
+        try:
+            fresh = _CASTS._sessions is None
+            x = np.random.default_rng(5).standard_normal(20_000).astype(np.float32)
+            same = np.array_equal(half._float_to_half(x).view(np.uint16), x.astype(np.float16).view(np.uint16))
+            ok = int(fresh and same and _CASTS._sessions is not None and not _CASTS.failed)
+        finally:
+            os.write(write, bytes([ok]))
+            os._exit(0)
+    os.close(write)
+    result = os.read(read, 1)
+    os.close(read)
+    os.waitpid(pid, 0)
+    assert result == b"\x01"

@@ -23,7 +23,7 @@ Nothing changes in the numbers:
   warnings and ``np.errstate`` are exactly ``astype``'s;
 * onnxruntime is imported at the first large conversion, not at import; its
   sessions run on the calling thread (one intra-op thread, no spinning), and
-  a forked child builds its own.
+  a forked child builds its own (``os.register_at_fork``).
 
 ``EVERYO_AMP_CASTS=numpy`` in the environment keeps core's own conversions
 (the benchmark uses it for its side-by-side check); :func:`cast_backend`
@@ -63,10 +63,15 @@ class OnnxRuntimeCasts:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._pid: int | None = None
         self._sessions: tuple[Any, Any, Any] | None = None
         self.status = "not used yet (onnxruntime is imported at the first large float16 conversion)"
         self.failed = False
+        if hasattr(os, "register_at_fork"):  # a forked child builds its own sessions
+            os.register_at_fork(after_in_child=self._forget)
+
+    def _forget(self) -> None:
+        self._lock = threading.Lock()
+        self._sessions = None
 
     # -- what core calls ----------------------------------------------------------------------
     def down(self, x: np.ndarray) -> np.ndarray | None:
@@ -92,22 +97,21 @@ class OnnxRuntimeCasts:
 
     # -- set-up -----------------------------------------------------------------------------------
     def _ready(self) -> tuple[Any, Any, Any] | None:
-        if self.failed:
-            return None
-        if self._sessions is not None and self._pid == os.getpid():
-            return self._sessions
+        sessions = self._sessions
+        if sessions is not None or self.failed:
+            return sessions
         with self._lock:
             if self.failed:
                 return None
-            if self._sessions is None or self._pid != os.getpid():
+            if self._sessions is None:
                 try:
-                    sessions = self._build()
-                    self._check(sessions)
+                    built = self._build()
+                    self._check(built)
                 except Exception as exc:  # noqa: BLE001 - any failure means: use core's own conversions
                     self.failed = True
                     self.status = f"numpy (onnxruntime casts unavailable: {type(exc).__name__}: {exc})"
                     return None
-                self._sessions, self._pid = sessions, os.getpid()
+                self._sessions = built
             return self._sessions
 
     @staticmethod
