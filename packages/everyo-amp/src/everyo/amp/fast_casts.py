@@ -22,8 +22,9 @@ Nothing changes in the numbers:
   converted again by NumPy (core does that), so NaN payloads, overflow
   warnings and ``np.errstate`` are exactly ``astype``'s;
 * onnxruntime is imported at the first large conversion, not at import; its
-  sessions run on the calling thread (one intra-op thread, no spinning), and
-  a forked child builds its own (``os.register_at_fork``).
+  sessions run on the calling thread (one intra-op thread, no spinning;
+  importing onnxruntime starts one idle thread of its own, as it does for
+  ``run_onnx``), and a forked child builds its own (``os.register_at_fork``).
 
 ``EVERYO_AMP_CASTS=numpy`` in the environment keeps core's own conversions
 (the benchmark uses it for its side-by-side check); :func:`cast_backend`
