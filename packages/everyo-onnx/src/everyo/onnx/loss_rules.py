@@ -10,7 +10,7 @@ every element.
 
 import numpy as np
 
-from everyo.onnx.registry import RULES
+from everyo.onnx.registry import rule
 
 
 def _reduce(t, node, per_element, ndim):
@@ -45,4 +45,4 @@ def binary_cross_entropy_with_logits(t, node):
 
 
 for _fn in (mse_loss, cross_entropy, binary_cross_entropy_with_logits):
-    RULES[_fn.__name__] = _fn
+    rule(_fn.__name__)(_fn)

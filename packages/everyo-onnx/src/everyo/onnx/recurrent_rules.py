@@ -26,7 +26,7 @@ transposed back to EveryO's batch-first (B, T, H).
 
 import numpy as np
 
-from everyo.onnx.registry import RULES
+from everyo.onnx.registry import rule
 
 _GATE_ORDER = {"rnn_scan": [0], "lstm_scan": [0, 3, 1, 2], "gru_scan": [1, 0, 2]}
 _ONNX_OP = {"rnn_scan": "RNN", "lstm_scan": "LSTM", "gru_scan": "GRU"}
@@ -224,5 +224,4 @@ def scan(t, node):
             t.set(value, pick(state, 0))
 
 
-for _name in _GATE_ORDER:
-    RULES[_name] = scan
+rule(*_GATE_ORDER)(scan)

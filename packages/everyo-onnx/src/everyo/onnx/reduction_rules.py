@@ -3,12 +3,11 @@ logsumexp and norm, each following core's formula."""
 
 import numpy as np
 
-from everyo.onnx.registry import RULES
+from everyo.onnx.registry import rule
 
 
 def _rule(fn):
-    RULES[fn.__name__] = fn
-    return fn
+    return rule(fn.__name__)(fn)
 
 
 def _axes(axis, ndim):
@@ -38,8 +37,8 @@ def _arg(op_type):
     return convert
 
 
-RULES["argmax"] = _arg("ArgMax")
-RULES["argmin"] = _arg("ArgMin")
+rule("argmax")(_arg("ArgMax"))
+rule("argmin")(_arg("ArgMin"))
 
 
 @_rule

@@ -12,7 +12,8 @@ import numpy as np
 
 from everyo.onnx import attention
 from everyo.onnx.graph import INT64_MAX, TO_NCHW, TO_NHWC
-from everyo.onnx.registry import RULES, rule  # RULES: the table export.py reads
+from everyo.onnx.registry import RULES as RULES  # RULES re-exported: export.py and the tests read it here
+from everyo.onnx.registry import rule
 
 
 def _out(node, k=0):
@@ -191,8 +192,8 @@ def _pool(op_type, **extra):
 
 # Max pooling ignores padded cells (core pads with -inf); average pooling does
 # not count them (core's and TensorFlow's 'same' rule).
-RULES["max_pool2d"] = _pool("MaxPool")
-RULES["avg_pool2d"] = _pool("AveragePool", count_include_pad=0)
+rule("max_pool2d")(_pool("MaxPool"))
+rule("avg_pool2d")(_pool("AveragePool", count_include_pad=0))
 
 
 # --- reductions and softmax ---------------------------------------------------------------
