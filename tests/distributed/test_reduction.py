@@ -144,27 +144,26 @@ def test_two_rank_mean_falls_back_whole_when_a_later_block_overflows(dtype):
     # The two-rank mean works in blocks and learns of an overflow from the IEEE flag: an overflow
     # (or inf - inf) in a later block must still recompute the whole array in float64, and NaN
     # inputs must give the float64 path's very bits (payload and sign included).
-    from everyo.distributed.protocol import _PAIR_BLOCK
-
+    block = 4096
     info = np.finfo(dtype)
-    n = 2 * _PAIR_BLOCK + 5
+    n = 2 * block + 5
     rng = np.random.default_rng(0)
     a, b = (rng.standard_normal(n).astype(dtype) for _ in range(2))
     nan_bits = np.array(np.nan, dtype).view(np.uint32 if dtype == "float32" else np.uint64)
     payload_nan = (nan_bits | 0x5).view(dtype)  # a quiet NaN with a payload
     a[7], b[7] = -payload_nan, 1.0
     b[8] = payload_nan
-    for where, (x, y) in ((_PAIR_BLOCK + 3, (info.max, info.max)), (2 * _PAIR_BLOCK + 1, (np.inf, -np.inf))):
+    for where, (x, y) in ((block + 3, (info.max, info.max)), (2 * block + 1, (np.inf, -np.inf))):
         a2, b2 = a.copy(), b.copy()
         a2[where], b2[where] = x, y
         with np.errstate(all="ignore"):  # the float64 fallback warns of inf - inf as NumPy does
             expected = float64_reference([a2, b2], "mean")
-            got = reduce_in_rank_order([a2, b2], "mean")
+            got = reduce_in_rank_order([a2, b2], "mean", block=block)
         assert_same_bits(got, expected)
         np.testing.assert_array_equal(got.view(nan_bits.dtype), expected.view(nan_bits.dtype))
         if x == info.max and dtype == "float32":
             assert got[where] == info.max  # finite in float64; a float32 add would have said inf
     with np.errstate(all="ignore"):
         expected = float64_reference([a, b], "mean")
-    got = reduce_in_rank_order([a, b], "mean")  # no overflow: the blocked float32 path throughout
+    got = reduce_in_rank_order([a, b], "mean", block=block)  # no overflow: the blocked float32 path throughout
     np.testing.assert_array_equal(got.view(nan_bits.dtype), expected.view(nan_bits.dtype))
