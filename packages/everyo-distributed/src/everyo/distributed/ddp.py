@@ -74,20 +74,12 @@ class _Bucket:
         if flat is None:
             flat = self._flat = np.empty(self.size + len(self.params), self.dtype)
         grads = [p.grad for p in self.params]
-        if all(g is not None for g in grads):  # the usual case: one C call fills the vector
-            parts = [np.asarray(g).reshape(-1) for g in grads]
-            parts.append(np.ones(len(grads), self.dtype))
-            return np.concatenate(parts, out=flat, casting="same_kind")
-        flags = flat[self.size :]
-        for i, (g, p, start) in enumerate(zip(grads, self.params, self.offsets)):
-            segment = flat[start : start + p.data.size]
-            if g is not None:
-                np.copyto(segment, np.asarray(g).reshape(-1))
-                flags[i] = 1
-            else:
-                segment.fill(0)
-                flags[i] = 0
-        return flat
+        parts = [
+            np.zeros(p.data.size, self.dtype) if g is None else np.asarray(g).reshape(-1)
+            for g, p in zip(grads, self.params)
+        ]
+        parts.append(np.array([g is not None for g in grads], self.dtype))
+        return np.concatenate(parts, out=flat, casting="same_kind")  # one C call fills the vector
 
     def write_back(self, averaged: np.ndarray) -> None:
         present = averaged[self.size :] > 0
@@ -286,8 +278,8 @@ class DistributedDataParallel(Module):
             return
         current.seen.add(id(param))
         current.arrived[b] += 1
-        if current.arrived[b] == len(self._buckets[b].params) and b < len(self._buckets) - 1:
-            self._launch(current, all_left=False)  # a bucket just completed (the last one waits for the end)
+        if current.arrived[b] == len(self._buckets[b].params):
+            self._launch(current, all_left=False)  # a bucket just completed
 
     def _launch(self, current: _Pass, all_left: bool) -> None:
         """Send buckets in bucket order: every complete one not yet sent (or all that are left).
