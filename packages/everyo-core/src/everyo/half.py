@@ -78,46 +78,55 @@ def set_cast_kernel(kernel: Any) -> Any:
     return previous
 
 
-def _kernel_down(x):
-    """float16 array of float32 ``x`` by the installed converter, or None."""
+def _kernel_input(x, dtype):
+    """``(converter, x as a 1-D C-contiguous array)`` when ``x`` is a large
+    array of ``dtype`` and a converter is installed, else ``(None, None)``.
+    (A strided view, a transpose, costs one copy: still far cheaper.)"""
     kernel = _kernel
-    if kernel is None or x.size < _KERNEL_MIN or x.dtype != _F32:
-        return None
-    flat = np.ascontiguousarray(x).reshape(-1)  # a strided view (a transpose) costs one copy, still far cheaper
-    h = kernel.down(flat)
-    if h is None:
-        return None
-    return _redo_special_down(h, flat).reshape(x.shape)
+    if kernel is None or x.size < _KERNEL_MIN or x.dtype != dtype:
+        return None, None
+    return kernel, np.ascontiguousarray(x).reshape(-1)
 
 
 def _special_codes(h):
-    """Whether float16 ``h`` holds an inf or NaN code: they are the largest codes of either sign."""
+    """Whether float16 ``h`` holds an inf or NaN code: they are the largest codes of either sign.
+    (Checking the 2-byte codes costs a third of checking the float32 input.)"""
     return h.view(np.int16).max() > 0x7BFF or h.view(np.uint16).max() > 0xFBFF
 
 
-def _redo_special_down(h, flat):
-    """The converter's float16 ``h`` of float32 ``flat``, with its inf and NaN codes made astype's.
-    (Checking the 2-byte codes costs a third of checking the input.)"""
-    if _special_codes(h):
+def _redo(result, mask, values):
+    """``result[mask] = values`` on the converter's result (a copy if it came back read-only)."""
+    if not result.flags.writeable:
+        result = result.copy()
+    result[mask] = values
+    return result
+
+
+def _kernel_down(x):
+    """float16 array of float32 ``x`` by the installed converter, or None."""
+    kernel, flat = _kernel_input(x, _F32)
+    if kernel is None:
+        return None
+    h = kernel.down(flat)
+    if h is None:
+        return None
+    if _special_codes(h):  # inf, NaN, overflow: NumPy's codes, payloads and warnings
         special = _special_mask(flat)
-        h = np.array(h, copy=True) if not h.flags.writeable else h
-        h[special] = flat[special].astype(np.float16)
-    return h
+        h = _redo(h, special, flat[special].astype(np.float16))
+    return h.reshape(x.shape)
 
 
 def _kernel_up(h):
     """float32 array of float16 ``h`` by the installed converter, or None."""
-    kernel = _kernel
-    if kernel is None or h.size < _KERNEL_MIN or h.dtype != _F16:
+    kernel, flat = _kernel_input(h, _F16)
+    if kernel is None:
         return None
-    flat = np.ascontiguousarray(h).reshape(-1)
     f = kernel.up(flat)
     if f is None:
         return None
     if _special_codes(flat):  # the converter may quiet signalling NaNs; NumPy keeps them
         bad = ~(np.abs(f) < _F32(65536.0))
-        f = np.array(f, copy=True) if not f.flags.writeable else f
-        f[bad] = flat[bad].astype(_F32)
+        f = _redo(f, bad, flat[bad].astype(_F32))
     return f.reshape(h.shape)
 
 
@@ -374,18 +383,15 @@ def _round_to_half(x):
     holds (bit for bit, signed zeros, inf and NaN included): by the installed
     converter down and back up when there is one, else without ever storing
     float16 (:func:`_round_to_half_block`, in L2-sized blocks)."""
-    kernel = _kernel
-    if kernel is not None and x.size >= _KERNEL_MIN and x.dtype == _F32:
-        flat = np.ascontiguousarray(x).reshape(-1)
-        both = kernel.round(flat)
-        if both is not None:
-            h, f = both
-            if _special_codes(h):
-                special = _special_mask(flat)
-                f = np.array(f, copy=True) if not f.flags.writeable else f
-                f[special] = flat[special].astype(np.float16).astype(_F32)
-            return f.reshape(x.shape)
-    return _round_to_half_own(x)
+    kernel, flat = _kernel_input(x, _F32)
+    both = None if kernel is None else kernel.round(flat)
+    if both is None:
+        return _round_to_half_own(x)
+    h, f = both
+    if _special_codes(h):
+        special = _special_mask(flat)
+        f = _redo(f, special, flat[special].astype(np.float16).astype(_F32))
+    return f.reshape(x.shape)
 
 
 class Rounded:

@@ -76,25 +76,24 @@ class OnnxRuntimeCasts:
 
     # -- what core calls ----------------------------------------------------------------------
     def down(self, x: np.ndarray) -> np.ndarray | None:
-        sessions = self._ready()
-        if sessions is None:
-            return None
-        out: np.ndarray = sessions[0].run(None, {"x": x})[0]
-        return out
+        out = self._run(0, x)
+        return None if out is None else out[0]
 
     def up(self, h: np.ndarray) -> np.ndarray | None:
-        sessions = self._ready()
-        if sessions is None:
-            return None
-        out: np.ndarray = sessions[1].run(None, {"x": h})[0]
-        return out
+        out = self._run(1, h)
+        return None if out is None else out[0]
 
     def round(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+        out = self._run(2, x)
+        return None if out is None else (out[0], out[1])
+
+    def _run(self, which: int, array: np.ndarray) -> list[np.ndarray] | None:
+        """Session ``which`` (down, up, down-and-up) on ``array``, or None when the converter is unusable."""
         sessions = self._ready()
         if sessions is None:
             return None
-        h, f = sessions[2].run(None, {"x": x})
-        return h, f
+        out: list[np.ndarray] = sessions[which].run(None, {"x": array})
+        return out
 
     # -- set-up -----------------------------------------------------------------------------------
     def _ready(self) -> tuple[Any, Any, Any] | None:
