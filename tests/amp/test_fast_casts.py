@@ -30,7 +30,7 @@ def test_importing_amp_installs_the_checked_onnxruntime_converter():
 
 def test_the_converter_is_what_converts_large_arrays(monkeypatch):
     calls = []
-    for name in ("down", "up", "round"):
+    for name in ("down", "up"):
         original = getattr(_CASTS, name)
         monkeypatch.setattr(_CASTS, name, lambda a, _f=original, _n=name: calls.append((_n, a.size)) or _f(a))
     x = np.random.default_rng(1).standard_normal((64, 128)).astype(np.float32)
@@ -38,7 +38,8 @@ def test_the_converter_is_what_converts_large_arrays(monkeypatch):
     half._half_to_float(h)
     half._round_to_half(x)
     half._float_to_half(x[:8])  # small: NumPy's own astype, no converter call
-    assert calls == [("down", 8192), ("up", 8192), ("round", 8192)]
+    # rounding: down, then up of the codes just checked
+    assert calls == [("down", 8192), ("up", 8192), ("down", 8192), ("up", 8192)]
 
 
 class _Lying:
@@ -49,15 +50,15 @@ class _Lying:
         if x.dtype == np.float32:
             h = x.astype(np.float16)
             h.view(np.uint16)[::997] ^= 1
-            return [h, h.astype(np.float32)]
+            return [h]
         return [x.astype(np.float32)]
 
 
 def test_a_converter_that_differs_from_numpy_by_one_bit_is_refused(monkeypatch):
     casts = OnnxRuntimeCasts()
-    monkeypatch.setattr(OnnxRuntimeCasts, "_build", staticmethod(lambda: (_Lying(), _Lying(), _Lying())))
+    monkeypatch.setattr(OnnxRuntimeCasts, "_build", staticmethod(lambda: (_Lying(), _Lying())))
     x = np.ones(10_000, np.float32)
-    assert casts.down(x) is None and casts.up(x.astype(np.float16)) is None and casts.round(x) is None
+    assert casts.down(x) is None and casts.up(x.astype(np.float16)) is None
     assert casts.failed and "differs from NumPy's astype" in casts.status
     # installed in core, it is declined, and core's own conversion gives astype's bits
     previous = half.set_cast_kernel(casts)

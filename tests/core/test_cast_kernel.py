@@ -34,19 +34,12 @@ class _Careless:
         f[~np.isfinite(f)] = -np.inf
         return f
 
-    def round(self, x):
-        h = self.down(x)
-        return h, self.up(h)
-
 
 class _Declining:
     def down(self, x):
         return None
 
     def up(self, h):
-        return None
-
-    def round(self, x):
         return None
 
 

@@ -69,9 +69,9 @@ def set_cast_kernel(kernel: Any) -> Any:
     all ones) for every other value, which is then redone here; or ``None``
     to decline (core's own conversion then runs). ``kernel.up(h)`` takes a
     1-D C-contiguous float16 array and returns the exact float32 array (inf
-    and NaN codes are redone here), or ``None``. ``kernel.round(x)`` returns
-    ``(down(x), up(down(x)))`` in one call, or ``None``. All must be safe to
-    call from any thread.
+    and NaN codes are redone here), or ``None``. Both must be safe to call
+    from any thread. (Rounding a float32 array to float16's values is ``down``
+    then ``up`` of the codes just checked.)
     """
     global _kernel
     previous, _kernel = _kernel, kernel
@@ -104,16 +104,21 @@ def _redo(result, mask, values):
 
 def _kernel_down(x):
     """float16 array of float32 ``x`` by the installed converter, or None."""
+    return _kernel_down_checked(x)[0]
+
+
+def _kernel_down_checked(x):
+    """``(float16 array of x, whether it holds an inf or NaN code, the
+    converter)`` by the installed converter, or ``(None, None, None)``."""
     kernel, flat = _kernel_input(x, _F32)
-    if kernel is None:
-        return None
-    h = kernel.down(flat)
+    h = None if kernel is None else kernel.down(flat)
     if h is None:
-        return None
-    if _special_codes(h):  # inf, NaN, overflow: NumPy's codes, payloads and warnings
-        special = _special_mask(flat)
-        h = _redo(h, special, flat[special].astype(np.float16))
-    return h.reshape(x.shape)
+        return None, None, None
+    special = _special_codes(h)
+    if special:  # inf, NaN, overflow: NumPy's codes, payloads and warnings
+        mask = _special_mask(flat)
+        h = _redo(h, mask, flat[mask].astype(np.float16))
+    return h.reshape(x.shape), special, kernel
 
 
 def _kernel_up(h):
@@ -381,17 +386,16 @@ _round_to_half_own = _blockwise(_round_to_half_block, _F32)
 def _round_to_half(x):
     """float32 array -> float32 array of the same values ``x.astype(np.float16)``
     holds (bit for bit, signed zeros, inf and NaN included): by the installed
-    converter down and back up when there is one, else without ever storing
-    float16 (:func:`_round_to_half_block`, in L2-sized blocks)."""
-    kernel, flat = _kernel_input(x, _F32)
-    both = None if kernel is None else kernel.round(flat)
-    if both is None:
+    converter down and back up when there is one (the codes coming back up are
+    the ones just checked, so the trip up needs no second check), else without
+    ever storing float16 (:func:`_round_to_half_block`, in L2-sized blocks)."""
+    h, special, kernel = _kernel_down_checked(x)
+    if h is None:
         return _round_to_half_own(x)
-    h, f = both
-    if _special_codes(h):
-        special = _special_mask(flat)
-        f = _redo(f, special, flat[special].astype(np.float16).astype(_F32))
-    return f.reshape(x.shape)
+    if special:  # NumPy's inf and NaN codes are in h now: bring them up as NumPy would
+        return _half_to_float(h)
+    f = kernel.up(h.reshape(-1))
+    return _half_to_float(h) if f is None else f.reshape(x.shape)
 
 
 class Rounded:
