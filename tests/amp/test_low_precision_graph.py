@@ -215,3 +215,42 @@ def test_unary_16_bit_ops_keep_no_float32_output_and_recompute_it_exactly(op):
     op(ref).backward(g.astype(np.float32))
     np.testing.assert_array_equal(first, ref.grad.astype(np.float16))
     np.testing.assert_array_equal(x.grad, first)
+
+
+@pytest.mark.parametrize("low", ["float16", "bfloat16"])
+@pytest.mark.parametrize(
+    ("op", "rebuilt"),
+    [
+        (lambda x, w: 0.5 * x, set()),  # x's gradient is 0.5 * g: x's value is not needed
+        (lambda x, w: x * 3.0, set()),
+        (lambda x, w: x * w, {"x", "w"}),  # each operand's value gives the other's gradient
+        (lambda x, w: x * w.detach(), {"w"}),  # only x needs a gradient, and it reads w
+        (lambda x, w: x * x, {"x"}),
+    ],
+)
+def test_mul_rebuilds_an_operands_float32_copy_only_for_the_other_operands_gradient(monkeypatch, low, op, rebuilt):
+    """16-bit mul drops its operands' float32 copies after forward and rebuilds,
+    in backward, just the ones another operand's gradient reads; gradients are
+    the float32 ones rounded once either way (and NumPy's float16 ones)."""
+    import ml_dtypes  # a dependency of everyo-amp
+
+    from everyo import low_precision
+
+    dtype = np.dtype(np.float16) if low == "float16" else np.dtype(ml_dtypes.bfloat16)
+    rng = np.random.default_rng(3)
+    xv, wv = (rng.standard_normal((64, 80)).astype(dtype) for _ in range(2))  # 5,120 values: the converter's sizes
+    x, w = eo.tensor(xv, requires_grad=True), eo.tensor(wv, requires_grad=True)
+    out = op(x, w)
+    seen = []
+    real_up = low_precision._up
+    monkeypatch.setattr(low_precision, "_up", lambda a: seen.append(a) or real_up(a))
+    out.backward(np.ones(out.shape, dtype))
+    names = {name for name, t in (("x", x), ("w", w)) if any(a is t.data for a in seen)}
+    assert names == rebuilt
+    x32, w32 = (eo.tensor(v.astype(np.float32), requires_grad=True) for v in (xv, wv))
+    op(x32, w32).backward(np.ones(out.shape, np.float32))
+    for t, r in ((x, x32), (w, w32)):
+        if r.grad is None:
+            assert t.grad is None
+        else:
+            np.testing.assert_array_equal(t.grad.view(np.uint16), r.grad.astype(dtype).view(np.uint16))

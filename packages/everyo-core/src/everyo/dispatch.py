@@ -122,6 +122,11 @@ _RECOMPUTED = frozenset({"tanh", "sigmoid", "sqrt", "exp"})
 _READS_NO_OPERAND = frozenset(
     {"add", "sub", "neg", "sum", "mean", "exp", "sqrt", "tanh", "sigmoid", "dropout", "softmax", "log_softmax"}
 )
+# Binary ops whose backward reads an operand's value only for the *other*
+# operand's gradient (d(a*b)/da = b): with 16-bit operands, an operand's float32
+# copy is rebuilt for backward only when another operand needs a gradient (for
+# ``0.5 * x`` it is not: x's gradient is ``0.5 * g``).
+_READS_OTHER_OPERAND = frozenset({"mul"})
 _low_precision = None  # everyo.low_precision, bound on first use (it imports Tensor)
 
 _policy: ContextVar[Any] = ContextVar("everyo_precision_policy", default=None)
@@ -333,7 +338,7 @@ def _in_float32(op):
     """``op.forward``, but with float16/bfloat16 operands computed in float32
     and rounded once (everyo.low_precision); anything else goes straight through."""
     forward, slots = op.forward, op._slots
-    reads_operands = op.name not in _READS_NO_OPERAND
+    reads_operands = "others" if op.name in _READS_OTHER_OPERAND else op.name not in _READS_NO_OPERAND
     passes_gradient = op.name in ("add", "sub", "neg")
     recompute = op.name in _RECOMPUTED
 

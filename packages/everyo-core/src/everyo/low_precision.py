@@ -66,7 +66,10 @@ def call_in_float32(forward, slots, args, kwargs, reads_operands=True, passes_gr
     float32 and the result (and the gradients) rounded once; see the module
     docstring. ``slots`` as for :func:`low_precision_operands`.
     ``reads_operands=False`` says the op's backward never reads its operands'
-    values (add, tanh, ...): their float32 copies are then not rebuilt for it.
+    values (add, tanh, ...): their float32 copies are then not rebuilt for it;
+    ``reads_operands="others"`` (mul) that it reads an operand's value only for
+    another operand's gradient: a copy is rebuilt only when some other operand
+    requires grad.
     ``passes_gradient=True`` says each operand's gradient is the incoming one
     or its negation, summed over broadcast axes (add, sub, neg): where nothing
     was summed it already holds 16-bit values and is handed on unrounded.
@@ -228,12 +231,16 @@ def _pass_through(out, ups):
 
 def _wrap_backward(out, twins, stubs, target, reads_operands):
     inner = out._backward
+    rebuild = tuple(zip(twins, stubs)) if reads_operands else ()
+    if reads_operands == "others":  # a value is read only for the gradient of an operand in another position
+        parents = out._parents
+        read = {id(p) for i, p in enumerate(parents) if any(q.requires_grad for j, q in enumerate(parents) if j != i)}
+        rebuild = tuple(pair for pair in rebuild if id(pair[0][1]) in read)
 
     def backward(g):
-        if reads_operands:
-            for (operand, twin), stub in zip(twins, stubs):
-                if twin._data is stub:
-                    twin._data = _up(operand.data)
+        for (operand, twin), stub in rebuild:
+            if twin._data is stub:
+                twin._data = _up(operand.data)
         return inner(_up(g) if target is not None else g)  # 16-bit g (array or Rounded) as float32 values
 
     backward.accepts_deferred = target is not None
