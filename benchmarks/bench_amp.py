@@ -20,6 +20,15 @@ CPU autocast (float16 and bfloat16) against PyTorch's float32, as ratios too.
 Memory: bytes NumPy still holds after forward + loss with the graph alive
 (tracemalloc), i.e. the saved activations.
 
+Where the time goes: a third copy of each model steps under autocast with its large
+16-bit <-> float32 conversions replaced by precomputed arrays of the right shape and
+type (``free_conversions``: the values are wrong, so that copy trains on garbage, but
+everything else a step does, the inf/NaN scans around the converter included, takes its
+real time), in the same rounds. "autocast, free conversions / float32" is then what the
+step would cost if converting cost nothing; the difference to the real ratio is what
+the conversions cost. A fourth copy skips the inf/NaN scans too (what is left is the
+float32 work and the Python of the 16-bit path).
+
 The table says which float16 <-> float32 converter large arrays went through:
 onnxruntime's Cast when onnxruntime is installed (``everyo-amp[fast]``, see
 ``everyo.amp.fast_casts``), else NumPy's; ``EVERYO_AMP_CASTS=numpy python
@@ -104,6 +113,67 @@ WORKLOADS = [
 ]
 
 
+class _FreeCasts:
+    """A float16 converter for core (``everyo.half.set_cast_kernel``) that converts
+    nothing: it returns a precomputed array of the right size and type (0.01 in every
+    place). Only for timing: see the module docstring."""
+
+    def __init__(self):
+        self._cache = {}
+
+    def array(self, n, dtype):
+        key = (n, np.dtype(dtype))
+        if key not in self._cache:
+            self._cache[key] = np.full(n, 0.01, dtype)
+        return self._cache[key]
+
+    def down(self, x):
+        return self.array(x.size, np.float16)
+
+    def up(self, h):
+        return self.array(h.size, np.float32)
+
+
+@contextlib.contextmanager
+def free_conversions(scans=True):
+    """Large float16 and bfloat16 conversions (4,096 values or more, the arrays the
+    converter gets) replaced by precomputed arrays, for the "free conversions" column;
+    ``scans=False`` also skips core's inf/NaN scans of what the converter returns."""
+    import everyo.casting as casting
+    import everyo.half as half
+
+    free = _FreeCasts()
+    large = half._KERNEL_MIN
+
+    def stand_in(original, make):
+        def run(x, *rest):
+            return original(x, *rest) if x.size < large else make(x, *rest).reshape(x.shape)
+
+        return run
+
+    patches = [
+        (half, "_bfloat16_to_float", lambda b: free.array(b.size, np.float32)),
+        (half, "_round_to_bfloat16", lambda x: free.array(x.size, np.float32)),
+        (half, "_bfloat16_codes", lambda x: free.array(x.size, np.uint16)),
+        (half, "_exact_to_bfloat16", lambda x, dtype: free.array(x.size, np.uint16).view(dtype)),
+        (casting, "_bfloat16_to_float", lambda b: free.array(b.size, np.float32)),
+        (casting, "_float_to_bfloat16", lambda x, dtype: free.array(x.size, np.uint16).view(dtype)),
+    ]
+    saved = [(module, name, getattr(module, name)) for module, name, _ in patches]
+    saved.append((half, "_special_codes", half._special_codes))
+    previous = half.set_cast_kernel(free)
+    for module, name, make in patches:
+        setattr(module, name, stand_in(getattr(module, name), make))
+    if not scans:
+        half._special_codes = lambda h: False
+    try:
+        yield
+    finally:
+        half.set_cast_kernel(previous)
+        for module, name, original in saved:
+            setattr(module, name, original)
+
+
 def float32_step(model, optimizer, x, y, loss_fn):
     optimizer.zero_grad()
     loss_fn(model(x), y).backward()
@@ -149,9 +219,22 @@ def time_workload(name, case, dtype, scaled, repeats, threads, have_torch):
     opt32 = eo.SGD(model32.parameters(), lr=1e-3)
     optmp = eo.SGD(modelmp.parameters(), lr=1e-3)
     scaler = eo.GradScaler(enabled=scaled)
+
+    def free_step(scans):
+        model = make()  # trains on garbage values: a copy of its own
+        opt, free_scaler = eo.SGD(model.parameters(), lr=1e-3), eo.GradScaler(enabled=scaled)
+
+        def step():
+            with free_conversions(scans):
+                autocast_step(model, opt, x, y, loss_fn, free_scaler, dtype)
+
+        return step
+
     fns = {
         "float32": lambda: float32_step(model32, opt32, x, y, loss_fn),
         "autocast": lambda: autocast_step(modelmp, optmp, x, y, loss_fn, scaler, dtype),
+        "free conversions": free_step(scans=True),
+        "free conversions and scans": free_step(scans=False),
     }
     if have_torch:
         fns.update(torch_steps(name))
@@ -294,17 +377,31 @@ def main(repeats=9):
                     ratio,
                     f"<= {target}",
                     "yes" if ratio <= target else "NO",
+                    ratios["free conversions"],
+                    ratios["free conversions and scans"],
                 ]
                 if have_torch:
                     own = medians["autocast"] / medians[f"torch {dtype}"]
                     row += [ratios["torch float16"], ratios["torch bfloat16"], own]
                 rows.append(row)
-    headers = ["workload", "BLAS threads", "float32 ms", "autocast ms", "ratio", "target", "met"]
+    headers = [
+        "workload",
+        "BLAS threads",
+        "float32 ms",
+        "autocast ms",
+        "ratio",
+        "target",
+        "met",
+        "free conv.",
+        "+ free scans",
+    ]
     if have_torch:
         headers += ["torch f16/f32", "torch bf16/f32", "EveryO/torch autocast"]
     print_table(
         "One SGD training step, autocast vs float32 (float16 steps include GradScaler)\n"
         "times: medians of interleaved runs; ratio: median of pairwise ratios autocast/float32;\n"
+        "free conv.: the same ratio for a copy whose large 16-bit conversions cost nothing (see docstring);\n"
+        "+ free scans: and whose inf/NaN scans of the converter's results are skipped too;\n"
         "torch columns: PyTorch's CPU autocast step / its float32 step, same rounds; last column:\n"
         "EveryO's autocast step / PyTorch's autocast step in the same 16-bit type (medians)",
         headers,
