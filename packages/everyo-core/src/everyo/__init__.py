@@ -23,6 +23,7 @@ from everyo import (  # noqa: E402
     optim,
 )
 from everyo import comparisons as _comparisons  # noqa: E402
+from everyo import composites as _composites  # noqa: E402
 from everyo import elementwise as _elementwise  # noqa: E402
 from everyo import functional as _functional  # noqa: E402
 from everyo import indexing as _indexing  # noqa: E402
@@ -33,6 +34,7 @@ from everyo._allocator import tune_allocator  # noqa: E402
 from everyo.activations import elu, gelu, leaky_relu, silu, softplus  # noqa: E402
 from everyo.autograd import enable_grad, grad, is_grad_enabled, no_grad  # noqa: E402
 from everyo.comparisons import *  # noqa: E402,F401,F403
+from everyo.composites import *  # noqa: E402,F401,F403
 from everyo.contraction import einsum  # noqa: E402
 from everyo.conv import (  # noqa: E402
     avg_pool2d,
@@ -51,6 +53,7 @@ from everyo.errors import (  # noqa: E402
     EveryOInPlaceError,
     EveryOSerializationError,
     EveryOShapeError,
+    EveryOSpellingError,
     EveryOStateDictError,
 )
 from everyo.functional import *  # noqa: E402,F401,F403
@@ -82,6 +85,7 @@ __all__ = [
     "EveryOSerializationError",
     "EveryODistributedError",
     "EveryOInPlaceError",
+    "EveryOSpellingError",
     "Tensor",
     "Parameter",
     "tensor",
@@ -134,6 +138,7 @@ __all__ = [
 ]
 __all__ += _functional.__all__
 __all__ += _comparisons.__all__
+__all__ += _composites.__all__
 __all__ += _reductions.__all__
 __all__ += _sorting.__all__
 __all__ += _elementwise.__all__

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from numpy.exceptions import AxisError
 from numpy.lib.array_utils import normalize_axis_tuple
 
-from everyo.errors import EveryOShapeError
+from everyo.errors import EveryOShapeError, EveryOSpellingError
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
     from everyo._typing import Axis, Shape
 
-__all__ = ["normalize_axis", "normalize_axes", "check_permutation"]
+__all__ = ["normalize_axis", "normalize_axes", "check_permutation", "torch_spelling"]
 
 
 def _out_of_range(op, axis, shape, ndim):
@@ -99,3 +99,46 @@ def check_permutation(axes: Sequence[SupportsIndex], shape: Shape, op: str) -> t
     if len(set(normalized)) != ndim:
         raise EveryOShapeError(f"{op}: axes {tuple(axes)} repeat an axis (shape {tuple(shape)})")
     return normalized
+
+
+# PyTorch's keyword spellings of NumPy's, accepted by every op taking ``axis``
+# (the op table applies them in one place: dispatch.primitive). Where PyTorch's
+# op means something else with the same call, the spelling is refused with the
+# EveryO way instead (a silently different number is worse than an error).
+_TORCH_KEYWORDS = {"dim": "axis", "keepdim": "keepdims"}
+_DIM_REFUSED = {
+    "max": "torch's max(dim=) returns (values, indices); EveryO's max(axis=d) returns the values only: "
+    "use x.max(axis=d) and x.argmax(axis=d)",
+    "min": "torch's min(dim=) returns (values, indices); EveryO's min(axis=d) returns the values only: "
+    "use x.min(axis=d) and x.argmin(axis=d)",
+    "var": "torch's var(dim=) is unbiased (divides by n - 1) by default, EveryO's var divides by n (ddof=0): "
+    "spell it var(axis=d, ddof=1) for torch's number, or var(axis=d, ddof=0)",
+    "std": "torch's std(dim=) is unbiased (divides by n - 1) by default, EveryO's std divides by n (ddof=0): "
+    "spell it std(axis=d, ddof=1) for torch's number, or std(axis=d, ddof=0)",
+}
+
+
+def torch_spelling(op: str, kwargs: dict[str, object]) -> dict[str, object]:
+    """``kwargs`` with PyTorch's ``dim=`` / ``keepdim=`` renamed to NumPy's
+    ``axis=`` / ``keepdims=``, for an op that takes ``axis``.
+
+    Raises ``TypeError`` when both spellings are given, and
+    :class:`~everyo.errors.EveryOSpellingError` for ``dim=`` on
+    ``max``/``min`` (torch returns values and indices there) and on
+    ``var``/``std`` without ``ddof`` (torch's default is unbiased).
+
+    Examples:
+        >>> from everyo.axes import torch_spelling
+        >>> torch_spelling("sum", {"dim": 1, "keepdim": True})
+        {'axis': 1, 'keepdims': True}
+    """
+    out = dict(kwargs)
+    for torch_name, numpy_name in _TORCH_KEYWORDS.items():
+        if torch_name not in out:
+            continue
+        if numpy_name in out:
+            raise TypeError(f"{op}: got both {torch_name}= and {numpy_name}= (the same argument); pass one")
+        if torch_name == "dim" and op in _DIM_REFUSED and not (op in ("var", "std") and "ddof" in out):
+            raise EveryOSpellingError(f"{op}(dim=...): {_DIM_REFUSED[op]}")
+        out[numpy_name] = out.pop(torch_name)
+    return out

@@ -61,6 +61,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from everyo.axes import torch_spelling
+
 if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import ParamSpec, TypeVar
@@ -299,11 +301,15 @@ def primitive(
         if kind in FLOAT32_COMPUTE_KINDS and name not in _OWN_16BIT_PATH:
             op.run = _in_float32(op)
         run = op.run
+        # PyTorch's dim=/keepdim= spellings (everyo.axes.torch_spelling), for ops taking axis=.
+        spelled = "axis" in op.signature.parameters
 
         if category is None:
 
             @functools.wraps(forward)
             def function(*args: Any, **kwargs: Any) -> Any:
+                if spelled and kwargs and ("dim" in kwargs or "keepdim" in kwargs):
+                    kwargs = torch_spelling(name, kwargs)
                 tracer = _tracer.get()
                 if tracer is None:
                     return run(*args, **kwargs)
@@ -313,6 +319,8 @@ def primitive(
 
             @functools.wraps(forward)
             def function(*args: Any, **kwargs: Any) -> Any:
+                if spelled and kwargs and ("dim" in kwargs or "keepdim" in kwargs):
+                    kwargs = torch_spelling(name, kwargs)
                 tracer = _tracer.get()
                 if tracer is None:
                     policy = _policy.get()

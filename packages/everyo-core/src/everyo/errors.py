@@ -44,6 +44,13 @@ class EveryOExportMismatchError(EveryOSerializationError):
     tolerance, its op and the user's source line."""
 
 
+class EveryOSpellingError(EveryOError, TypeError):
+    """A PyTorch spelling that means something else in EveryO (whose arrays
+    follow NumPy), e.g. ``x.size()``, ``x.max(dim=1)``, ``transpose(0, 1)`` on a
+    matrix. The message names the EveryO spelling of what was meant; see
+    "Coming from PyTorch" in the docs."""
+
+
 class EveryODistributedError(EveryOError, RuntimeError):
     """A collective or a worker process failed."""
 

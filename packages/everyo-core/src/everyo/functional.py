@@ -15,7 +15,7 @@ import numpy as np
 from everyo.axes import check_permutation, normalize_axes, normalize_axis
 from everyo.casting import convert as _convert
 from everyo.dispatch import FLOAT32, LOW_PRECISION, primitive
-from everyo.errors import EveryOShapeError
+from everyo.errors import EveryOShapeError, EveryOSpellingError
 from everyo.half import Rounded, _down, _rounded, _up, is_low_precision, takes_rounded
 from everyo.random import default_generator
 from everyo.tensor import Tensor
@@ -578,11 +578,32 @@ def _resolve_reshape(inputs, attrs):
     return attrs
 
 
+def _transpose_order(axes, shape):
+    """The permutation ``transpose(*axes)`` applies: NumPy's (a full
+    permutation, one sequence or several ints; none reverses), or, for exactly
+    two ints on a tensor of more than two axes, PyTorch's swap of those two."""
+    ndim = len(shape)
+    if len(axes) == 1 and isinstance(axes[0], (tuple, list)):
+        return check_permutation(tuple(axes[0]), shape, "transpose") if axes[0] else tuple(reversed(range(ndim)))
+    if not axes:
+        return tuple(reversed(range(ndim)))
+    if len(axes) == 2 and ndim != 2:
+        a, b = (normalize_axis(d, shape, "transpose") for d in axes)
+        order = list(range(ndim))
+        order[a], order[b] = order[b], order[a]
+        return tuple(order)
+    order = check_permutation(axes, shape, "transpose")
+    if ndim == 2 and order == (0, 1):
+        raise EveryOSpellingError(
+            f"transpose{tuple(axes)} on a 2-d tensor (shape {tuple(shape)}) is ambiguous: NumPy reads it as the "
+            f"identity permutation, PyTorch as swapping the two axes. Swap with x.T or x.swapaxes(0, 1); "
+            f"for the identity pass one tuple, x.transpose((0, 1))"
+        )
+    return order
+
+
 def _resolve_transpose(inputs, attrs):
-    axes = attrs["axes"]
-    axes = tuple(axes[0]) if len(axes) == 1 and isinstance(axes[0], (tuple, list)) else tuple(axes)
-    shape = inputs[0].data.shape
-    attrs["axes"] = check_permutation(axes, shape, "transpose") if axes else tuple(reversed(range(len(shape))))
+    attrs["axes"] = _transpose_order(tuple(attrs["axes"]), inputs[0].data.shape)
     return attrs
 
 
@@ -627,15 +648,22 @@ def flatten(a: TensorLike, start_axis: int = 1) -> Tensor:
 
 @primitive("transpose", kind="shape", resolve=_resolve_transpose)
 def transpose(a: TensorLike, *axes: int | Sequence[int]) -> Tensor:
-    """``a`` with its axes permuted (reversed when no axes are given), as ``np.transpose``."""
-    if len(axes) == 1 and isinstance(axes[0], (tuple, list)):
-        axes = tuple(axes[0])
+    """``a`` with its axes permuted (reversed when no axes are given), as ``np.transpose``.
+
+    Exactly two ints on a tensor of more than two axes swap those two, as
+    PyTorch's ``transpose(d0, d1)`` (NumPy would refuse them as an
+    incomplete permutation). On a 2-d tensor ``transpose(0, 1)`` is refused
+    as ambiguous (NumPy: identity; PyTorch: swap); ``transpose(1, 0)`` is
+    the swap in both.
+
+    Examples:
+        >>> eo.zeros(2, 3, 4).transpose(1, 2).shape
+        (2, 4, 3)
+        >>> eo.zeros(2, 3, 4).transpose(2, 0, 1).shape
+        (4, 2, 3)
+    """
     a = _t(a)
-    if not axes:
-        order = tuple(reversed(range(a.data.ndim)))
-    else:
-        # ints once a single sequence is unpacked above; check_permutation rejects anything else
-        order = check_permutation(axes, a.data.shape, "transpose")  # type: ignore[arg-type]
+    order = _transpose_order(axes, a.data.shape)
     inverse = tuple(np.argsort(order))
     return Tensor._from_op(a.data.transpose(order), (a,), _moves("transpose", lambda g: g.transpose(inverse)))
 

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from everyo import autograd, dispatch
-from everyo.errors import EveryOInPlaceError
+from everyo.errors import EveryOInPlaceError, EveryOSpellingError
 from everyo.half import is_bfloat16
 from everyo.random import generator_for
 
@@ -143,6 +143,19 @@ class Tensor:
         def gather(self, axis: int, index: TensorLike) -> Tensor: ...
         def take_along_axis(self, indices: TensorLike, axis: int) -> Tensor: ...
         def masked_fill(self, mask: TensorLike, value: TensorLike) -> Tensor: ...
+        # PyTorch's spellings (everyo.composites)
+        def split(self, split_size_or_sections: int | Sequence[int], dim: int = 0) -> tuple[Tensor, ...]: ...
+        def chunk(self, chunks: int, dim: int = 0) -> tuple[Tensor, ...]: ...
+        def permute(self, *dims: int | Sequence[int]) -> Tensor: ...
+        def swapaxes(self, axis0: int, axis1: int) -> Tensor: ...
+        def view(self, *shape: int | Sequence[int]) -> Tensor: ...
+        def view_as(self, other: TensorLike) -> Tensor: ...
+        def eq(self, b: TensorLike) -> Tensor: ...
+        def ne(self, b: TensorLike) -> Tensor: ...
+        def lt(self, b: TensorLike) -> Tensor: ...
+        def le(self, b: TensorLike) -> Tensor: ...
+        def gt(self, b: TensorLike) -> Tensor: ...
+        def ge(self, b: TensorLike) -> Tensor: ...
 
     # --- construction from an op ---------------------------------------
     @staticmethod
@@ -209,9 +222,14 @@ class Tensor:
         return self.data.ndim
 
     @property
-    def size(self) -> int:
-        """The number of elements."""
-        return self.data.size
+    def size(self) -> ElementCount:
+        """The number of elements (NumPy's meaning), an int. Calling it as
+        PyTorch's ``x.size()`` raises an error naming ``x.shape``."""
+        return ElementCount(self.data.size)
+
+    def numel(self) -> int:
+        """The number of elements (PyTorch's spelling of ``x.size``)."""
+        return int(self.data.size)
 
     @property
     def is_leaf(self) -> bool:
@@ -356,6 +374,21 @@ class Tensor:
     def zero_(self) -> Tensor:
         """Set every element to 0; returns ``self``."""
         return self.fill_(0)
+
+
+class ElementCount(int):
+    """``Tensor.size``: the element count, an int as NumPy's ``ndarray.size``.
+    Calling it (PyTorch's ``x.size()`` / ``x.size(dim)``, which give the shape)
+    raises :class:`~everyo.errors.EveryOSpellingError` naming ``x.shape``."""
+
+    __slots__ = ()
+
+    def __call__(self, dim: int | None = None) -> tuple[int, ...]:
+        wanted = "x.shape" if dim is None else f"x.shape[{dim}]"
+        raise EveryOSpellingError(
+            f"x.size is the number of elements ({int(self)}), as in NumPy, not a method: for PyTorch's "
+            f"x.size({'' if dim is None else dim}) write {wanted}; for the element count, x.size or x.numel()"
+        )
 
 
 class Parameter(Tensor):
