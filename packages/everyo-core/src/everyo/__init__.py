@@ -65,7 +65,7 @@ from everyo.io import (  # noqa: E402
 )
 from everyo.losses import binary_cross_entropy_with_logits, cross_entropy, mse_loss  # noqa: E402
 from everyo.nn import *  # noqa: E402,F401,F403
-from everyo.optim import SGD, Adam, AdamW, RMSprop, clip_grad_norm  # noqa: E402
+from everyo.optim import SGD, Adadelta, Adagrad, Adam, AdamW, NAdam, RMSprop, clip_grad_norm  # noqa: E402
 from everyo.padding import resolve_padding2d  # noqa: E402
 from everyo.random import get_rng_state, manual_seed, set_rng_state  # noqa: E402
 from everyo.reductions import *  # noqa: E402,F401,F403
@@ -118,6 +118,9 @@ __all__ = [
     "Adam",
     "AdamW",
     "RMSprop",
+    "Adadelta",
+    "Adagrad",
+    "NAdam",
     "clip_grad_norm",
     "DataLoader",
     "Dataset",

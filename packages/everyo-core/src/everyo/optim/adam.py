@@ -36,7 +36,7 @@ class Adam(Optimizer):
         >>> opt = eo.Adam(model.parameters(), lr=1e-3, amsgrad=True)
     """
 
-    _hyper = {
+    hyperparameters = {
         "lr": Real(),
         "betas": Pair(Real(0.0, 1.0, open_high=True)),
         "eps": Real(),

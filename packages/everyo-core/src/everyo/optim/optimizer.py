@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, ClassVar, overload
 
 import numpy as np
@@ -12,26 +13,53 @@ from everyo.optim.hyper import checked
 from everyo.tensor import Tensor
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterable, Mapping
+    from collections.abc import Callable, Iterable
     from typing import TypeVar
 
     _T = TypeVar("_T")
 
 
 class Optimizer:
-    """Base class, with PyTorch's param groups.
+    """Base class of every optimizer, with PyTorch's param groups; subclass it
+    to write your own.
 
     ``params`` is an iterable of Tensors, or of dicts ``{"params": [...],
     "lr": ..., ...}`` each giving a group its own hyperparameters (those it
-    leaves out come from the optimizer's arguments). ``param_groups`` is the
-    list of these dicts (a scheduler changes ``group["lr"]``); ``params`` is
-    the flat list of every parameter, group after group, and ``state`` maps a
-    parameter's index in it to its per-parameter state (NumPy arrays and
-    numbers), so it saves with ``eo.save`` without pickle.
+    leaves out come from ``defaults``). ``param_groups`` is the list of these
+    dicts, each holding every hyperparameter (a scheduler such as
+    :class:`~everyo.optim.lr_scheduler.StepLR` changes ``group["lr"]``);
+    ``params`` is the flat list of every parameter, group after group, and
+    ``state`` maps a parameter's index in it to its per-parameter state (NumPy
+    arrays and numbers), so it saves with ``eo.save`` without pickle
+    (PyTorch keys ``state`` by the parameter itself).
 
-    Subclasses set ``_hyper`` (name -> check, from :mod:`everyo.optim.hyper`).
+    Writing an optimizer: pass the hyperparameters' defaults to
+    ``super().__init__(params, defaults)`` and override :meth:`update`, which
+    :meth:`step` calls for each parameter that has a gradient. Optionally
+    declare ``hyperparameters = {name: check}`` with the checks of
+    :mod:`everyo.optim.hyper` (``Real()``, ``Flag()``, ``Pair(Real())`` ...):
+    a bad value is then refused where it is given, in the constructor, in
+    ``add_param_group`` and in ``load_state_dict``; undeclared ones are kept
+    as given. ``zero_grad``, ``state_dict`` and ``load_state_dict`` come with
+    the base class.
 
     Examples:
+        >>> class SignSGD(eo.optim.Optimizer):
+        ...     hyperparameters = {"lr": eo.optim.hyper.Real()}
+        ...     def __init__(self, params, lr=0.01):
+        ...         super().__init__(params, {"lr": lr})
+        ...     def update(self, param, grad, state, group):
+        ...         state["step"] = state.get("step", 0) + 1
+        ...         param.data -= group["lr"] * np.sign(grad)
+        >>> w = eo.Parameter(np.array([1.0, -2.0]))
+        >>> opt = SignSGD([w], lr=0.5)
+        >>> (w * w).sum().backward()
+        >>> opt.step()
+        >>> w.data.tolist(), opt.param_groups[0]["lr"]
+        ([0.5, -1.5], 0.5)
+
+        Param groups with their own values:
+
         >>> model = eo.nn.Linear(4, 2)
         >>> decay = [p for p in model.parameters() if p.ndim > 1]
         >>> no_decay = [p for p in model.parameters() if p.ndim <= 1]
@@ -40,7 +68,8 @@ class Optimizer:
         [0.01, 0.0]
     """
 
-    _hyper: ClassVar[dict[str, Callable[[Any], Any]]] = {}
+    #: name -> check of each declared hyperparameter (see :mod:`everyo.optim.hyper`).
+    hyperparameters: ClassVar[dict[str, Callable[[Any], Any]]] = {}
     defaults: dict[str, Any]
     param_groups: list[dict[str, Any]]
     params: list[Tensor]
@@ -48,7 +77,14 @@ class Optimizer:
 
     def __init__(self, params: Iterable[Tensor] | Iterable[dict[str, Any]], defaults: Mapping[str, Any]) -> None:
         name = type(self).__name__
-        self.defaults = checked(name, self._hyper, defaults, "the defaults")
+        if not isinstance(defaults, Mapping):
+            raise TypeError(f"{name}: defaults must be a dict of hyperparameters, got {type(defaults).__name__}")
+        if "params" in defaults:
+            raise ValueError(f"{name}: defaults may not hold 'params'")
+        missing = [k for k in self.hyperparameters if k not in defaults]
+        if missing:
+            raise TypeError(f"{name}: defaults lack the declared hyperparameters {missing}")
+        self.defaults = {**defaults, **checked(name, self.hyperparameters, defaults, "the defaults")}
         self._check_group(self.defaults, "the defaults")
         self.param_groups = []
         self.params = []
@@ -106,7 +142,7 @@ class Optimizer:
                 )
             seen[id(p)] = len(self.param_groups)
         values = {**self.defaults, **param_group}
-        group = {**param_group, **checked(name, self._hyper, values, where)}
+        group = {**values, **checked(name, self.hyperparameters, values, where)}
         self._check_group(group, where)
         group["params"] = params
         self.param_groups.append(group)
@@ -119,7 +155,7 @@ class Optimizer:
     # refuse it where groups disagree rather than answer for one of them.
     def _hyperparameter(self, name: str) -> Any:
         groups = self.__dict__.get("param_groups")
-        if groups is not None and name in type(self)._hyper:
+        if groups is not None and name in type(self).hyperparameters:
             values = [g[name] for g in groups]
             if all(v == values[0] for v in values):
                 return values[0]
@@ -135,9 +171,11 @@ class Optimizer:
         __getattr__ = _hyperparameter
 
     def __setattr__(self, name: str, value: Any) -> None:
-        if name in type(self)._hyper and "param_groups" in self.__dict__:
+        if name in type(self).hyperparameters and "param_groups" in self.__dict__:
             for i, group in enumerate(self.param_groups):
-                group.update(checked(type(self).__name__, {name: self._hyper[name]}, {name: value}, f"param group {i}"))
+                group.update(
+                    checked(type(self).__name__, {name: self.hyperparameters[name]}, {name: value}, f"param group {i}")
+                )
             return
         object.__setattr__(self, name, value)
 
@@ -166,7 +204,30 @@ class Optimizer:
         return loss
 
     def _step(self):
-        raise NotImplementedError
+        # Built-in optimizers override this with vectorised loops; by default
+        # it hands each parameter that has a gradient to update().
+        for group, indexed in self._groups():
+            for i, p in indexed:
+                if p.grad is not None:
+                    self.update(p, p.grad, self.state.setdefault(i, {}), group)
+
+    def update(self, param: Tensor, grad: Any, state: dict[str, Any], group: dict[str, Any]) -> None:
+        """Update one parameter; :meth:`step` calls it for each parameter with a
+        gradient (override it to write an optimizer).
+
+        Args:
+            param: the parameter. Change its values through ``param.data``
+                (``param.data -= lr * d``, or ``param.data = new``): assigning
+                ``.data`` is how EveryO counts an in-place change.
+            grad: its gradient, an ndarray of its shape (read it, do not change it).
+            state: this parameter's state dict (empty on the first step), kept
+                in ``optimizer.state``; store ndarrays and numbers, so it saves.
+            group: its param group, with every hyperparameter.
+        """
+        raise NotImplementedError(
+            f"{type(self).__name__}: override update(param, grad, state, group), which step() calls for "
+            f"each parameter that has a gradient"
+        )
 
     def _groups(self):
         """(group, [(state index, parameter), ...]) for each group, in order."""
@@ -217,7 +278,7 @@ class Optimizer:
         for g, (saved, group) in enumerate(zip(saved_groups, self.param_groups)):
             where = f"param group {g} of the loaded state dict"
             values = {**group, **{k: v for k, v in saved.items() if k != "params"}}
-            new = {**values, **checked(name, self._hyper, values, where)}
+            new = {**values, **checked(name, self.hyperparameters, values, where)}
             self._check_group(new, where)
             new["params"] = group["params"]
             new_groups.append(new)

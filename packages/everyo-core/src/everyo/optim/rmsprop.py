@@ -25,7 +25,10 @@ class RMSprop(Optimizer):
 
     Args:
         params: an iterable of Tensors, or of param-group dicts (see :class:`Optimizer`).
-        lr, eps, momentum, weight_decay: numbers >= 0.
+        lr: the learning rate, >= 0.
+        eps: added to the denominator, >= 0.
+        momentum: momentum factor, >= 0.
+        weight_decay: L2 penalty added to the gradient, >= 0.
         alpha: smoothing constant in [0, 1].
         centered: normalize by the estimated variance of the gradient instead of its second moment.
 
@@ -34,7 +37,7 @@ class RMSprop(Optimizer):
         >>> opt = eo.RMSprop(model.parameters(), lr=1e-3, momentum=0.9, centered=True)
     """
 
-    _hyper = {
+    hyperparameters = {
         "lr": Real(),
         "alpha": Real(0.0, 1.0),
         "eps": Real(),

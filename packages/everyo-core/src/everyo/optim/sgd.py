@@ -35,7 +35,13 @@ class SGD(Optimizer):
         >>> opt = eo.SGD(model.parameters(), lr=0.05, momentum=0.9)
     """
 
-    _hyper = {"lr": Real(), "momentum": Real(), "dampening": Real(0.0, 1.0), "nesterov": Flag(), "weight_decay": Real()}
+    hyperparameters = {
+        "lr": Real(),
+        "momentum": Real(),
+        "dampening": Real(0.0, 1.0),
+        "nesterov": Flag(),
+        "weight_decay": Real(),
+    }
     # Read (and set) on the optimizer: every param group's value, where they agree.
     lr: float
     momentum: float
