@@ -53,6 +53,22 @@ def find_interpreter(version):
     return None
 
 
+LOCAL_WHEELS = pathlib.Path("/opt/wheels")
+
+
+def uv_find_links(env):
+    """Let uv (which ignores pip's configuration) see the local wheels folder.
+
+    The Python 3.11 core cell installs torch 2.13.0 as a test reference; from
+    PyPI that is a CUDA build of several GB, while machines of this project keep
+    its CPU build in /opt/wheels. hatch.toml passes PIP_FIND_LINKS on to uv;
+    without it, the folder is named here, and only when it exists (uv fails on a
+    --find-links folder that does not).
+    """
+    if "UV_FIND_LINKS" not in env and "PIP_FIND_LINKS" not in env and LOCAL_WHEELS.is_dir():
+        env["UV_FIND_LINKS"] = str(LOCAL_WHEELS)
+
+
 def main(argv):
     found, missing = {}, []
     for version in SUPPORTED:
@@ -82,6 +98,7 @@ def main(argv):
     # Found interpreters go first on PATH, ahead of any shims that cannot run them.
     env["PATH"] = os.pathsep.join([str(d) for d in dict.fromkeys(found.values())] + [env.get("PATH", "")])
     env.pop("HATCH_ENV_ACTIVE", None)
+    uv_find_links(env)
     commands = [[hatch, "run", "+python=" + ",".join(found), "cell:run", *argv]]
     # The lowest allowed dependency versions, on the oldest Python NumPy 2.0.0 has wheels for.
     oldest = next((v for v in LOWEST_PYTHONS if v in found), None)
