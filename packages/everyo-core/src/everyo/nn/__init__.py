@@ -1,5 +1,6 @@
 """Layers (Keras names, NHWC) and losses."""
 
+from everyo.nn import init  # noqa: F401  (eo.nn.init, PyTorch's torch.nn.init)
 from everyo.nn.activation import (
     ELU,
     GELU,
