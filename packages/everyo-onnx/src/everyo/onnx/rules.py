@@ -10,7 +10,7 @@ rules never guess; anything a rule cannot express exactly is refused with
 
 import numpy as np
 
-from everyo.onnx import attention
+from everyo.onnx import advanced_indexing, attention
 from everyo.onnx.graph import INT64_MAX, TO_NCHW, TO_NHWC
 from everyo.onnx.registry import RULES as RULES  # RULES re-exported: export.py and the tests read it here
 from everyo.onnx.registry import rule
@@ -402,11 +402,8 @@ def getitem(t, node):
     x = node.inputs[0]
     index = node.attrs["index"]
     items = list(index) if isinstance(index, tuple) else [index]
-    if any(isinstance(i, (list, np.ndarray)) or hasattr(i, "data") for i in items):
-        raise t.refuse(
-            "indexing with arrays (advanced indexing) has no translation; use basic indexing "
-            "(integers, slices, None, ...)"
-        )
+    if any(advanced_indexing.is_advanced(i) for i in items):
+        return advanced_indexing.translate(t, node, items)
     if any(i is Ellipsis for i in items):
         k = items.index(Ellipsis)
         fill = x.data.ndim - (len(items) - 1 - sum(i is None for i in items))
