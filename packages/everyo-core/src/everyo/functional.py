@@ -255,8 +255,10 @@ def _matmul_half(a, b):
 
 
 @primitive("linear", LOW_PRECISION, kind="matmul", inputs=("x", "weight", "bias"))
-def linear(x: TensorLike, weight: Tensor, bias: Tensor | None = None) -> Tensor:
-    """``x @ weight + bias`` as one op; ``weight`` is (in, out) (Keras layout).
+def linear(x: TensorLike, weight: Tensor, bias: Tensor | None = None, transpose_weight: bool = False) -> Tensor:
+    """``x @ weight + bias`` as one op; ``weight`` is (in, out) (Keras layout),
+    or (out, in) with ``transpose_weight=True`` (``x @ weight.T + bias``, no copy:
+    how a Linear uses an Embedding's table it is tied to).
 
     Leading axes of ``x`` are flattened into one batch axis so the product is a
     single BLAS call.
@@ -264,8 +266,8 @@ def linear(x: TensorLike, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     x = _t(x)
     dt = x.data.dtype
     if is_low_precision(dt) and weight.data.dtype == dt and (bias is None or bias.data.dtype == dt):
-        return _linear_half(x, weight, bias)
-    xd, w = x.data, weight.data
+        return _linear_half(x, weight, bias, transpose_weight)
+    xd, w = x.data, (weight.data.T if transpose_weight else weight.data)
     lead = xd.shape[:-1]
     x2 = xd.reshape(-1, xd.shape[-1])
     # A narrow input (under half as many features in as out, e.g. an RNN's input
@@ -275,7 +277,9 @@ def linear(x: TensorLike, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     # in backward (it is the last row of the weight gradient's product). Measured
     # on the LSTM's 32 -> 512 projection: ~7-10% off the linear's forward+backward;
     # at 64 -> 128 (the seed MLP) no gain, so it keeps the plain product there.
-    ones_column = bias is not None and 2 * x2.shape[1] < w.shape[1] and x2.shape[0] > x2.shape[1]
+    ones_column = (
+        bias is not None and not transpose_weight and 2 * x2.shape[1] < w.shape[1] and x2.shape[0] > x2.shape[1]
+    )
     if ones_column:
         assert bias is not None  # implied by ones_column
         rt = np.result_type(x2, w)
@@ -296,7 +300,7 @@ def linear(x: TensorLike, weight: Tensor, bias: Tensor | None = None) -> Tensor:
             assert bias is not None
             gwb = _mm(x1.T, g2)
             return gx, gwb[:-1], gwb[-1] if bias.requires_grad else None
-        gw = _mm(x2.T, g2) if weight.requires_grad else None
+        gw = None if not weight.requires_grad else _mm(g2.T, x2) if transpose_weight else _mm(x2.T, g2)
         if bias is None:
             return gx, gw
         gb = g2.sum(axis=0, dtype=np.float32 if g2.dtype == np.float16 else None) if bias.requires_grad else None
@@ -306,7 +310,7 @@ def linear(x: TensorLike, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     return Tensor._from_op(out, parents, backward)
 
 
-def _linear_half(x, weight, bias):
+def _linear_half(x, weight, bias, transpose_weight):
     # float16 (or bfloat16) operands: one float32 BLAS call with the bias added in float32,
     # then a single rounding to float16 (what a fused float16 GEMM does). Each
     # gradient is rounded once the same way and handed on as a Rounded (its
@@ -319,7 +323,7 @@ def _linear_half(x, weight, bias):
     dt = xd.dtype
     lead = xd.shape[:-1]
     x2 = xd.reshape(-1, xd.shape[-1])
-    w32 = _up(weight.data)
+    w32 = _up(weight.data).T if transpose_weight else _up(weight.data)
     out = _mm(_up(x2), w32)
     if bias is not None:
         out += _up(bias.data)
@@ -329,7 +333,10 @@ def _linear_half(x, weight, bias):
     def backward(g):
         g2 = _up(g).reshape(-1, g.shape[-1])
         gx = _rounded(_mm(g2, w32.T).reshape(xd.shape), dt) if x.requires_grad else None
-        gw = _rounded(_mm(_up(x2).T, g2), dt) if weight.requires_grad else None
+        if weight.requires_grad:
+            gw = _rounded(_mm(g2.T, _up(x2)) if transpose_weight else _mm(_up(x2).T, g2), dt)
+        else:
+            gw = None
         if bias is None:
             return gx, gw
         # float32 sum; autograd rounds it once to the bias's float16.

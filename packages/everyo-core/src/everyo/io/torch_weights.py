@@ -208,10 +208,12 @@ def load_torch_state_dict(
     converted, missing, mismatched, used, seen = {}, [], [], set(), set()
     for prefix, owner in module.named_modules():
         for name, target in list(owner._parameters.items()) + list(owner._buffers.items()):
+            key = f"{prefix}.{name}" if prefix else name
             if target is None or id(target) in seen:
+                if target is not None and key in tensors:
+                    used.add(key)  # a tied weight: PyTorch saves it under each name, EveryO loads it once
                 continue
             seen.add(id(target))
-            key = f"{prefix}.{name}" if prefix else name
             if key not in tensors:
                 missing.append(key)
                 continue
@@ -226,7 +228,8 @@ def load_torch_state_dict(
                     )
                     continue
                 value = permute_rows(value, tuple(merged))
-            convert = _rule_for(owner, name, rules)
+            tied = isinstance(owner, Linear) and owner.weight_transposed and name == "weight"
+            convert = None if tied else _rule_for(owner, name, rules)  # a tied weight is PyTorch's layout already
             value = value if convert is None else convert(value)
             if value.shape != target.data.shape:
                 how = "" if convert is None else f" (PyTorch's {tensors[key].shape}, converted to {value.shape})"

@@ -41,7 +41,7 @@ def _projection(t, xp):
     """``(x, W_ih, bias)`` of the ``linear`` that made ``xp``, or None when xp is not
     such a product (then the scan reads xp itself)."""
     producer = xp.node
-    if producer is None or producer.op != "linear" or xp.index != 0:
+    if producer is None or producer.op != "linear" or xp.index != 0 or producer.attrs.get("transpose_weight"):
         return None
     x, w, b = producer.inputs
     if w.kind != "const" or (b is not None and b.kind != "const") or x.data.ndim != 3:

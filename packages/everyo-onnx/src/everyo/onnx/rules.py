@@ -141,7 +141,10 @@ def linear(t, node):
     x, w, b = node.inputs
     dtype = _out(node).dtype
     # MatMul broadcasts over any leading axes, like core's linear; Gemm takes rank 2 only.
-    y = t.g.node("MatMul", [t.name(x, dtype, 0), t.name(w, dtype, 1)])
+    weight = t.name(w, dtype, 1)
+    if node.attrs.get("transpose_weight"):  # a tied (out, in) table: one initializer, read through a Transpose
+        weight = t.g.transpose(weight, (1, 0))
+    y = t.g.node("MatMul", [t.name(x, dtype, 0), weight])
     if b is not None:
         y = t.g.node("Add", [y, t.name(b, dtype, 2)])
     t.set(_out(node), y)
