@@ -24,6 +24,14 @@ SINGLE_LAYERS = [
     ("avgpool_same", lambda: eo.AvgPool2D(3, stride=1, padding="same"), (1, 7, 9, 3)),
     ("maxpool_explicit_padding", lambda: eo.MaxPool2D(3, stride=2, padding=1), (1, 7, 8, 2)),
     ("avgpool_explicit_padding", lambda: eo.AvgPool2D(3, stride=2, padding=((0, 2), (1, 0))), (1, 7, 8, 2)),
+    # count_include_pad: PyTorch's default for numeric padding, Keras' for 'same', and both overridden.
+    ("avgpool_pad_counted", lambda: eo.AvgPool2D(3, stride=2, padding=1), (1, 7, 8, 2)),
+    ("avgpool_pad_not_counted", lambda: eo.AvgPool2D(3, stride=2, padding=1, count_include_pad=False), (1, 7, 8, 2)),
+    (
+        "avgpool_same_pad_counted",
+        lambda: eo.AvgPool2D(3, stride=2, padding="same", count_include_pad=True),
+        (1, 7, 8, 2),
+    ),
     ("flatten_nhwc", lambda: eo.Flatten(), (1, 3, 4, 2)),
     ("flatten_2d", lambda: eo.Flatten(), (1, 6)),
     ("dropout", lambda: eo.Dropout(0.5, seed=0), (1, 4, 6)),

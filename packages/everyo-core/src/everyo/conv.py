@@ -17,7 +17,7 @@ from everyo.dispatch import LOW_PRECISION, primitive
 from everyo.errors import EveryOShapeError
 from everyo.functional import _mm, _t, reshape
 from everyo.half import Rounded, _down, _exact_down, _rounded, _up, is_low_precision, takes_rounded
-from everyo.padding import _pair, output_size, resolve_padding2d
+from everyo.padding import _pair, counts_padding, output_size, resolve_padding2d
 from everyo.tensor import Tensor
 
 if TYPE_CHECKING:
@@ -193,6 +193,8 @@ def _resolve_pool(inputs, attrs):
     stride = attrs["pool_size"] if attrs["stride"] is None else attrs["stride"]
     kernel, stride, _, pads, _ = _geometry(inputs[0].data.shape, attrs["pool_size"], stride, attrs["padding"])
     attrs.update(pool_size=kernel, stride=stride, pads=pads)
+    if "count_include_pad" in attrs:
+        attrs["count_include_pad"] = counts_padding(attrs["padding"], attrs["count_include_pad"])
     return attrs
 
 
@@ -431,9 +433,25 @@ def avg_pool2d(
     pool_size: int | Sequence[int] = 2,
     stride: int | Sequence[int] | None = None,
     padding: Padding2d = "valid",
+    count_include_pad: bool | None = None,
 ) -> Tensor:
-    """Mean over windows. With 'same' padding, padded cells are not counted
-    (TensorFlow's rule, ONNX ``count_include_pad=0``)."""
+    """Mean over windows of an NHWC input.
+
+    ``count_include_pad`` says whether padded cells count in each window's
+    divisor. The default (``None``) follows the spelling of ``padding``:
+    with ``'same'``, Keras' rule (only the window's input cells are counted,
+    so every output is a mean of real values); with numeric padding,
+    PyTorch's default (``count_include_pad=True``: each window divides by
+    ``kernel_h * kernel_w``, padded zeros included). Pass ``True`` or
+    ``False`` to choose either rule with any padding.
+
+    Examples:
+        >>> x = eo.ones(1, 2, 2, 1)
+        >>> eo.avg_pool2d(x, 2, 1, padding=1)[0, :, :, 0].tolist()  # PyTorch: pads count
+        [[0.25, 0.5, 0.25], [0.5, 1.0, 0.5], [0.25, 0.5, 0.25]]
+        >>> eo.avg_pool2d(x, 2, 1, padding=1, count_include_pad=False)[0, 0, :, 0].tolist()
+        [1.0, 1.0, 1.0]
+    """
     x = _t(x)
     xd = x.data
     stride = pool_size if stride is None else stride
@@ -443,8 +461,11 @@ def avg_pool2d(
     half = is_low_precision(xd.dtype)
     xp = _pad(_up(xd) if half else xd, pads)
     total = _window_reduce(_windows(xp, kernel, stride, (oh, ow)), np.add)
-    ones = _pad(np.ones((1,) + xd.shape[1:3] + (1,), dtype=xp.dtype), pads)
-    count = _window_reduce(_windows(ones, kernel, stride, (oh, ow)), np.add)  # (1, OH, OW, 1)
+    if counts_padding(padding, count_include_pad):
+        count = np.asarray(kernel[0] * kernel[1], dtype=xp.dtype)
+    else:
+        ones = _pad(np.ones((1,) + xd.shape[1:3] + (1,), dtype=xp.dtype), pads)
+        count = _window_reduce(_windows(ones, kernel, stride, (oh, ow)), np.add)  # (1, OH, OW, 1)
     out = total / count
     padded_shape = xp.shape
     del xp, total

@@ -66,3 +66,17 @@ def resolve_padding2d(
 
 def output_size(size: int, kernel: int, stride: int, before: int, after: int) -> int:
     return (size + before + after - kernel) // stride + 1
+
+
+def counts_padding(padding: Padding2d, count_include_pad: bool | None) -> bool:
+    """Whether average pooling divides by the whole window, padded cells included.
+
+    ``None`` picks the convention that goes with the spelling of ``padding``:
+    ``'same'`` follows Keras/TensorFlow (only the input cells of each window
+    are counted), numeric padding follows PyTorch (``count_include_pad=True``:
+    every window divides by ``kernel_h * kernel_w``). ``'valid'`` pads nothing,
+    so either answer gives the same numbers.
+    """
+    if count_include_pad is not None:
+        return bool(count_include_pad)
+    return not isinstance(padding, str)

@@ -305,6 +305,40 @@ class MaxPool2D(_Pool2D):
 
 
 class AvgPool2D(_Pool2D):
-    """Average pooling on NHWC input; with 'same' padding, padded cells are not counted."""
+    """Average pooling on NHWC input; ``stride`` defaults to ``pool_size`` (Keras).
+
+    Args:
+        pool_size, stride, padding: as for :class:`MaxPool2D`.
+        count_include_pad: whether padded cells count in each window's divisor.
+            ``None`` (the default) follows the spelling of ``padding``: with
+            ``'same'``, Keras' rule (they do not); with numeric padding,
+            PyTorch's default (they do, as ``nn.AvgPool2d`` counts them).
+            See :func:`everyo.avg_pool2d`.
+
+    Examples:
+        >>> eo.AvgPool2D(3, 2, padding=1)(eo.ones(1, 5, 5, 2)).shape
+        (1, 3, 3, 2)
+    """
 
     _op = staticmethod(avg_pool2d)
+
+    def __init__(
+        self,
+        pool_size: int | Sequence[int] = 2,
+        stride: int | Sequence[int] | None = None,
+        padding: str | int | Sequence[int] | Sequence[Sequence[int]] = "valid",
+        count_include_pad: bool | None = None,
+    ) -> None:
+        super().__init__(pool_size, stride, padding)
+        if count_include_pad is not None and not isinstance(count_include_pad, bool):
+            raise TypeError(f"AvgPool2D: count_include_pad must be True, False or None, got {count_include_pad!r}")
+        self.count_include_pad = count_include_pad
+
+    def forward(self, x: TensorLike) -> Tensor:
+        x = as_input(self, x, ndim=4, what="NHWC input")
+        args.window_fits(self, x.data.shape, self.pool_size, self.stride, self.padding)
+        return avg_pool2d(x, self.pool_size, self.stride, self.padding, self.count_include_pad)
+
+    def extra_repr(self) -> str:
+        extra = "" if self.count_include_pad is None else f", count_include_pad={self.count_include_pad}"
+        return super().extra_repr() + extra

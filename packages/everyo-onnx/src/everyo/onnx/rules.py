@@ -193,10 +193,15 @@ def _pool(op_type, **extra):
     return convert
 
 
-# Max pooling ignores padded cells (core pads with -inf); average pooling does
-# not count them (core's and TensorFlow's 'same' rule).
+# Max pooling ignores padded cells (core pads with -inf).
 rule("max_pool2d")(_pool("MaxPool"))
-rule("avg_pool2d")(_pool("AveragePool", count_include_pad=0))
+
+
+@rule("avg_pool2d")
+def avg_pool2d(t, node):
+    # Core's count_include_pad, resolved while tracing (None: Keras' rule for
+    # 'same', PyTorch's for numeric padding), is ONNX's attribute of that name.
+    _pool("AveragePool", count_include_pad=int(node.attrs["count_include_pad"]))(t, node)
 
 
 # --- reductions and softmax ---------------------------------------------------------------
