@@ -32,6 +32,7 @@ from everyo import shape_ops as _shape_ops  # noqa: E402
 from everyo import sorting as _sorting  # noqa: E402
 from everyo._allocator import tune_allocator  # noqa: E402
 from everyo.activations import elu, gelu, leaky_relu, silu, softplus  # noqa: E402
+from everyo.attention_ops import scaled_dot_product_attention  # noqa: E402
 from everyo.autograd import enable_grad, grad, is_grad_enabled, no_grad  # noqa: E402
 from everyo.comparisons import *  # noqa: E402,F401,F403
 from everyo.composites import *  # noqa: E402,F401,F403
@@ -99,6 +100,7 @@ __all__ = [
     "is_grad_enabled",
     "grad",
     "einsum",
+    "scaled_dot_product_attention",
     "conv2d",
     "max_pool2d",
     "avg_pool2d",

@@ -24,7 +24,8 @@ import numpy as np
 from everyo import comparisons
 from everyo.axes import check_permutation, normalize_axis
 from everyo.errors import EveryOShapeError
-from everyo.functional import _t, reshape, transpose
+from everyo.functional import _t, mul, reshape, transpose
+from everyo.normalization_ops import normalize
 from everyo.random import generator_for
 from everyo.sequence_ops import split as _split_sizes
 from everyo.tensor import Tensor
@@ -48,6 +49,7 @@ __all__ = [
     "gt",
     "ge",
     "multinomial",
+    "layer_norm",
 ]
 
 # PyTorch's short names of the comparisons (the same functions, elementwise).
@@ -197,6 +199,45 @@ def multinomial(
     k = rows.shape[1]
     out = np.stack([rng.choice(k, size=int(num_samples), replace=replacement, p=r / r.sum()) for r in rows])
     return Tensor(out.astype(np.int64).reshape(w.shape[:-1] + (int(num_samples),)))
+
+
+def layer_norm(
+    input: TensorLike,
+    normalized_shape: int | Sequence[int],
+    weight: TensorLike | None = None,
+    bias: TensorLike | None = None,
+    eps: float = 1e-5,
+) -> Tensor:
+    """PyTorch's functional ``layer_norm``: normalise over the trailing
+    ``normalized_shape`` axes, then scale by ``weight`` and shift by ``bias``
+    (each optional, of ``normalized_shape``). The same op as :class:`~everyo.nn.LayerNorm`.
+
+    Examples:
+        >>> y = eo.layer_norm(eo.tensor([[1.0, 2.0, 3.0]]), 3)
+        >>> np.round(y.data, 3)
+        array([[-1.225,  0.   ,  1.225]], dtype=float32)
+    """
+    x = _t(input)
+    trailing = (int(normalized_shape),) if isinstance(normalized_shape, (int, np.integer)) else tuple(normalized_shape)
+    k = len(trailing)
+    if x.data.ndim < k or x.data.shape[x.data.ndim - k :] != trailing:
+        raise EveryOShapeError(
+            f"layer_norm: normalized_shape {trailing} must be the input's trailing shape, got input shape "
+            f"{x.data.shape}"
+        )
+    for name, p in (("weight", weight), ("bias", bias)):
+        if p is not None and np.shape(p.data if isinstance(p, Tensor) else p) != trailing:
+            got = np.shape(p.data if isinstance(p, Tensor) else p)
+            raise EveryOShapeError(f"layer_norm: {name} must have shape {trailing}, got {got}")
+    if not eps > 0:
+        raise ValueError(f"layer_norm: eps must be > 0, got {eps!r}")
+    axes = tuple(range(x.data.ndim - k, x.data.ndim))
+    if weight is not None and bias is not None:
+        return normalize(x, _t(weight), _t(bias), axes, eps)
+    out = normalize(x, axis=axes, eps=eps)
+    if weight is not None:
+        out = mul(out, weight)
+    return out if bias is None else out + bias
 
 
 for _name in ("split", "chunk", "permute", "swapaxes", "view", "view_as", "eq", "ne", "lt", "le", "gt", "ge"):

@@ -114,13 +114,23 @@ class BatchNorm2D(_BatchNorm):
 
 
 class LayerNorm(Module):
-    """Normalise over the trailing ``normalized_shape`` axes of each sample."""
+    """Normalise over the trailing ``normalized_shape`` axes of each sample.
+
+    Args:
+        normalized_shape: the trailing shape normalised over (an int for one axis).
+        eps: added to the variance.
+        elementwise_affine: learn a scale ``weight`` (ones) and, with ``bias``,
+            a shift ``bias`` (zeros), each of ``normalized_shape``.
+        bias: learn the shift (``bias=False``: scale only, ``self.bias`` is None), as PyTorch.
+        dtype: the parameters' dtype.
+    """
 
     def __init__(
         self,
         normalized_shape: int | Sequence[int],
         eps: float = 1e-5,
         elementwise_affine: bool = True,
+        bias: bool = True,
         *,
         dtype: DType = "float32",
     ) -> None:
@@ -133,7 +143,7 @@ class LayerNorm(Module):
         self.eps = args.positive_float("LayerNorm", "eps", eps)
         self.elementwise_affine = elementwise_affine
         self.weight = Parameter(np.ones(self.normalized_shape, dtype=dtype)) if elementwise_affine else None
-        self.bias = Parameter(np.zeros(self.normalized_shape, dtype=dtype)) if elementwise_affine else None
+        self.bias = Parameter(np.zeros(self.normalized_shape, dtype=dtype)) if elementwise_affine and bias else None
 
     def forward(self, x: TensorLike) -> Tensor:
         x = as_input(self, x)
@@ -144,10 +154,13 @@ class LayerNorm(Module):
                 f"got shape {x.data.shape}"
             )
         axes = tuple(range(x.data.ndim - k, x.data.ndim))
+        if self.weight is not None and self.bias is None:
+            return normalize(x, axis=axes, eps=self.eps) * self.weight
         return normalize(x, self.weight, self.bias, axes, self.eps)
 
     def extra_repr(self) -> str:
-        return f"{self.normalized_shape}, eps={self.eps}"
+        extra = "" if self.bias is not None or self.weight is None else ", bias=False"
+        return f"{self.normalized_shape}, eps={self.eps}{extra}"
 
 
 class GroupNorm(Module):

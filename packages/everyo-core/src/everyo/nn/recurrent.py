@@ -1,4 +1,4 @@
-"""Recurrent layers: RNN, LSTM, GRU (batch-first, stacked, optionally bidirectional).
+"""Recurrent layers: RNN, LSTM, GRU (batch-first by default, stacked, optionally bidirectional).
 
 Layout and naming follow PyTorch, with the weights stored Keras-style
 (inputs x outputs, like :class:`Linear`) so that every product is ``x @ W``:
@@ -49,10 +49,14 @@ class _RecurrentBase(Module):
         bidirectional: bool = False,
         dropout: float = 0.0,
         *,
+        batch_first: bool = True,
         seed: int | np.random.Generator | None = None,
         dtype: DType = "float32",
     ) -> None:
         super().__init__()
+        if not isinstance(batch_first, (bool, np.bool_)):
+            raise TypeError(f"{type(self).__name__} batch_first must be True or False, got {batch_first!r}")
+        self.batch_first = bool(batch_first)
         if hidden_size < 1 or num_layers < 1 or input_size < 1:
             raise ValueError(
                 f"{type(self).__name__} needs input_size, hidden_size and num_layers >= 1, got "
@@ -125,6 +129,8 @@ class _RecurrentBase(Module):
         Tensors (h, or h and c); returns the top layer's output and, per state,
         the final values stacked as (num_layers * num_directions, batch, hidden)."""
         x = as_input(self, x, ndim=3, last_dim=self.input_size)
+        if not self.batch_first:  # (time, batch, features), PyTorch's default layout
+            x = F.transpose(x, (1, 0, 2))
         if x.data.shape[1] == 0:
             raise EveryOShapeError(f"{self!r} received an empty sequence (shape {x.data.shape}); time must be >= 1")
         lengths = self._lengths(lengths, *x.data.shape[:2])
@@ -143,6 +149,8 @@ class _RecurrentBase(Module):
             layer_input = outputs[0] if len(outputs) == 1 else F.concatenate(outputs, axis=-1)
             if self.dropout and self.training and layer < self.num_layers - 1:
                 layer_input = F.dropout(layer_input, self.dropout, True, self.dropout_generator)
+        if not self.batch_first:
+            layer_input = F.transpose(layer_input, (1, 0, 2))
         return layer_input, [F.stack(f, axis=0) for f in finals]
 
     def extra_repr(self) -> str:
@@ -155,6 +163,8 @@ class _RecurrentBase(Module):
             s += ", bias=False"
         if self.dropout:
             s += f", dropout={self.dropout}"
+        if not self.batch_first:
+            s += ", batch_first=False"
         return s
 
 
@@ -185,6 +195,12 @@ class RNN(_RecurrentBase):
         bias: learn ``b_ih`` and ``b_hh``.
         bidirectional: add a reverse-time direction.
         dropout: dropout on the outputs of every layer but the last (train mode).
+        batch_first: ``True`` (EveryO's default): input and output are (batch,
+            time, features). ``False``: (time, batch, features), PyTorch's
+            default layout (PyTorch's default is ``batch_first=False``; EveryO
+            keeps ``True``, so pass it explicitly when porting). The states
+            are (num_layers * num_directions, batch, hidden_size) either way.
+            Keyword-only: PyTorch's positional order differs.
         seed: makes the initialisation (and the dropout masks) reproducible.
 
     Shape:
@@ -218,12 +234,23 @@ class RNN(_RecurrentBase):
         bidirectional: bool = False,
         dropout: float = 0.0,
         *,
+        batch_first: bool = True,
         seed: int | np.random.Generator | None = None,
         dtype: DType = "float32",
     ) -> None:
         if nonlinearity not in ("tanh", "relu"):
             raise ValueError(f"RNN nonlinearity must be 'tanh' or 'relu', got {nonlinearity!r}")
-        super().__init__(input_size, hidden_size, num_layers, bias, bidirectional, dropout, seed=seed, dtype=dtype)
+        super().__init__(
+            input_size,
+            hidden_size,
+            num_layers,
+            bias,
+            bidirectional,
+            dropout,
+            batch_first=batch_first,
+            seed=seed,
+            dtype=dtype,
+        )
         self.nonlinearity = nonlinearity
 
     def _scan(self, x, initial, weights, reverse, lengths):
