@@ -223,8 +223,8 @@ class BakedZeros(eo.Module):
 
 class TwoBakedSizes(eo.Module):
     def forward(self, x):
-        b, t, e = x.shape
-        return eo.reshape(x, (t, b, e))  # two sizes taken from x.shape, in other places
+        b, t, e = x.data.shape  # plain ints: the graph cannot follow them (x.shape it can)
+        return eo.reshape(x, (t, b, e))  # two sizes taken from the traced arrays, in other places
 
 
 class ThroughData(eo.Module):

@@ -86,6 +86,7 @@ __all__ = [
     "get_tracer",
     "set_tracer",
     "reset_tracer",
+    "inside_primitive",
     "python_value",
 ]
 
@@ -107,6 +108,7 @@ KINDS = frozenset(
         "random",  # draws random numbers (dropout)
         "loss",  # fused losses (always float32 or wider)
         "fused",  # several steps in one node (rnn/lstm/gru scans, normalize)
+        "creation",  # makes a tensor from sizes alone, no tensor operands (arange)
     }
 )
 
@@ -180,6 +182,11 @@ def set_tracer(tracer: Any) -> Token[Any]:
 def reset_tracer(token: Token[Any]) -> None:
     """Restore the tracer that :func:`set_tracer` replaced."""
     _tracer.reset(token)
+
+
+def inside_primitive() -> bool:
+    """Whether a traced primitive is running here (its inner calls are not recorded)."""
+    return bool(_depth.get())
 
 
 def python_value(tensor: Tensor, kind: str) -> None:

@@ -449,6 +449,10 @@ def randn(
     return Tensor(rng.standard_normal(_shape(shape)).astype(dtype), requires_grad=requires_grad)
 
 
+@dispatch.primitive("arange", kind="creation", inputs=(), differentiable=False)
 def arange(*args: float, dtype: DType | None = None) -> Tensor:
-    """``np.arange(*args, dtype=dtype)`` as a Tensor (no gradient)."""
+    """``np.arange(*args, dtype=dtype)`` as a Tensor (no gradient).
+
+    A table op, so that the exporter can record ``eo.arange(T)`` with ``T``
+    a traced size (a ``Range`` node) instead of the traced numbers."""
     return Tensor(np.arange(*args, dtype=dtype))

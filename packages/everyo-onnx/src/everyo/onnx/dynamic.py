@@ -100,32 +100,104 @@ def _sizes(axes, input_names, arrays):
     return sizes
 
 
-def second_example(arrays, axes, input_names=None):
-    """Inputs for the check trace: every dynamic axis one larger, fresh data
-    (floats with the example's mean and spread, integers drawn from the ids the
-    example uses, random booleans)."""
+def integer_ranges(tracer):
+    """``{input name: (low, high)}``, inclusive, for every integer input: the
+    rows it can index where the trace shows it used as an index (an embedding's
+    ids, ``table[ids]``), else the span of the example's values."""
+    ranges = {}
+    for value in tracer.inputs:
+        a = value.data
+        if a.dtype.kind not in "iu" or not a.size:
+            continue
+        bounds = [n for n in (_indexed_size(node, position, value) for node, position in tracer.consumers_of(value)) if n]
+        ranges[value.name] = (0, min(bounds) - 1) if bounds else (int(a.min()), int(a.max()))
+    return ranges
+
+
+def _indexed_size(node, position, value):
+    """The length of the axis ``node`` indexes with ``value``, or None."""
+    if node.op == "embedding" and position == 0:
+        return node.inputs[1].shape[0]
+    if node.op == "getitem" and position is None:
+        index = node.attrs.get("index")
+        items = list(index) if isinstance(index, tuple) else [index]
+        axis = 0
+        for item in items:
+            if item is value.tensor:
+                return node.inputs[0].shape[axis] if axis < node.inputs[0].data.ndim else None
+            if item is Ellipsis:
+                return None
+            if item is not None:
+                axis += 1
+    return None
+
+
+def random_like(a, shape, rng, bounds=None):
+    """Fresh data of ``shape`` like ``a``: floats with its mean and spread,
+    integers uniform in ``bounds`` (inclusive), random booleans."""
+    if a.dtype == np.bool_:
+        return rng.random(shape) < 0.3
+    if a.dtype.kind in "iu":
+        low, high = bounds if bounds is not None else ((int(a.min()), int(a.max())) if a.size else (0, 0))
+        return rng.integers(low, high + 1, size=shape).astype(a.dtype)
+    spread = float(a.std()) if a.size > 1 and a.std() > 0 else 1.0
+    return (rng.standard_normal(shape) * spread + float(a.mean() if a.size else 0)).astype(a.dtype)
+
+
+def second_example(arrays, axes, input_names=None, ranges=None, shrink=False):
+    """Inputs for the check trace: every dynamic axis one larger (``shrink``:
+    one smaller where it is at least 2), fresh data (:func:`random_like`,
+    integers within ``ranges``)."""
     names = input_names or list(axes)
     rng = np.random.default_rng(12345)
     sizes = _sizes(axes, names, arrays)
+    ranges = ranges or {}
     out = []
     for name, a in zip(names, arrays):
         shape = list(a.shape)
         for axis, dim in axes.get(name, {}).items():
-            shape[axis] = sizes[dim] + 1
-        if a.dtype == np.bool_:
-            b = rng.random(shape) < 0.3
-        elif a.dtype.kind in "iu":
-            b = rng.choice(np.unique(a), size=shape).astype(a.dtype) if a.size else np.zeros(shape, a.dtype)
-        else:
-            spread = float(a.std()) if a.size > 1 and a.std() > 0 else 1.0
-            b = (rng.standard_normal(shape) * spread + float(a.mean() if a.size else 0)).astype(a.dtype)
-        out.append(b)
+            shape[axis] = sizes[dim] - 1 if shrink and sizes[dim] >= 2 else sizes[dim] + 1
+        out.append(random_like(a, shape, rng, ranges.get(name)))
     return out
+
+
+def third_example(arrays, input_names, ranges, seed=2024):
+    """Fresh data at the example's own sizes (``verify``'s second random input)."""
+    rng = np.random.default_rng(seed)
+    return [random_like(a, a.shape, rng, ranges.get(name)) for name, a in zip(input_names, arrays)]
+
+
+def same_decisions(first, second, arrays, arrays2):
+    """Refuse Python control flow on a size that changes with the dynamic
+    axes (the user's ``if``, ``while``, ``and`` on a SymBool), naming its line;
+    return the asserts on such sizes (the guards), from the first trace."""
+    guards = []
+    for a, b in zip(first.decisions, second.decisions):
+        if a.line != b.line:
+            break  # the code went another way from here: same_ops names where
+        if a.operands == b.operands:
+            continue  # on sizes that did not change (a static axis)
+        if a.is_assert:
+            guards.append(a)
+            continue
+        raise EveryOSerializationError(
+            f"cannot export with these dynamic axes: the model takes a Python decision on a size that changes "
+            f"with them at {a.line} ({a.condition.text()}: {_operands(a)} at input sizes {[x.shape for x in arrays]}, "
+            f"{_operands(b)} at {[x.shape for x in arrays2]}); a graph cannot follow Python control flow. Compute "
+            f"with whole-tensor ops (eo.where, slicing by the size), write a check as an assert (it becomes a guard "
+            f"of the exported graph), or leave that axis out of dynamic_axes. Nothing was written"
+        )
+    return guards
+
+
+def _operands(decision):
+    return " vs ".join(str(v) for v in decision.operands)
 
 
 def _wiring(node):
     return tuple(
-        None if v is None else (v.kind, v.node.index if v.node is not None else None, v.index) for v in node.inputs
+        None if v is None else (v.kind, v.node.index if v.node is not None else None, v.index)
+        for v in list(node.inputs) + node.deps
     )
 
 

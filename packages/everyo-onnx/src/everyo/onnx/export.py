@@ -8,6 +8,7 @@ the 2 GiB limit and, with ``verify=True``, ONNX Runtime's agreement.
 
 from __future__ import annotations
 
+import json
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -20,7 +21,8 @@ from everyo.onnx import dynamic
 from everyo.onnx.graph import onnx_type
 from everyo.onnx.optimize import cancel_transposes, eliminate_dead, identity_outputs
 from everyo.onnx.rules import RULES
-from everyo.onnx.trace import trace
+from everyo.onnx.guards import GUARDS_KEY, make_guards
+from everyo.onnx.trace import GuardFailed, Tracer, trace
 from everyo.onnx.translate import Translator
 
 if TYPE_CHECKING:
@@ -136,13 +138,65 @@ def _wrap_model_error(exc, model, arrays, when):
     return new
 
 
-def _run_trace(model, arrays, input_names, names, when):
+def _run_trace(model, arrays, input_names, names, when, axes, tracer=None):
     try:
-        return trace(model, arrays, input_names, names)
-    except EveryOSerializationError:
+        return trace(model, arrays, input_names, names, axes, tracer=tracer)
+    except (EveryOSerializationError, GuardFailed):
         raise  # the tracer's own refusals already say what and where
     except Exception as exc:
         raise _wrap_model_error(exc, model, arrays, when) from exc
+
+
+_CHECK_TRACE = (
+    "again with every dynamic axis one larger (the dynamic-axes check; dynamic axes {axes}; an axis "
+    "that cannot change size must be left out of dynamic_axes)"
+)
+
+
+def _check_trace(model, first, arrays, input_names, names, axes):
+    """The second trace, at other sizes: every dynamic axis one larger, or,
+    when that breaks one of the model's asserts on sizes, one smaller. Python
+    decisions on changing sizes are refused here (naming their line) before
+    any other difference is looked at. Returns (tracer, outputs, arrays, guards)."""
+    ranges = dynamic.integer_ranges(first)
+    failed = None
+    for shrink in (False, True):
+        arrays2 = dynamic.second_example(arrays, axes, input_names, ranges, shrink=shrink)
+        second = Tracer(names, check=True)
+        try:
+            _, outputs2 = _run_trace(model, arrays2, input_names, names, _CHECK_TRACE.format(axes=axes), axes, second)
+        except GuardFailed as exc:
+            dynamic.same_decisions(first, second, arrays, arrays2)
+            failed = exc
+            continue
+        except Exception:
+            dynamic.same_decisions(first, second, arrays, arrays2)  # a decision on a size explains it best
+            raise
+        return second, outputs2, arrays2, dynamic.same_decisions(first, second, arrays, arrays2)
+    raise EveryOSerializationError(
+        f"cannot export with these dynamic axes: the dynamic-axes check traces the model at other sizes, but both "
+        f"one larger and one smaller break {failed}. Give an example whose dynamic sizes can change by one either "
+        f"way within the assert, or leave that axis out of dynamic_axes. Nothing was written"
+    )
+
+
+def _axis_namer(first, second, axes, input_names, arrays, arrays2):
+    """``name_of(value, axis)``: the dynamic axis name a traced size is: an
+    input's declared axis, or the one axis whose sizes in both traces it matches."""
+    sizes1 = dynamic._sizes(axes, input_names, arrays)
+    sizes2 = dynamic._sizes(axes, input_names, arrays2)
+
+    def name_of(value, axis):
+        if value.kind == "input":
+            return axes.get(value.name, {}).get(axis)
+        other = second.nodes[value.node.index].outputs[value.index] if value.node is not None else None
+        if other is None or axis >= other.data.ndim:
+            return None
+        n1, n2 = value.shape[axis], other.shape[axis]
+        found = [d for d in sizes1 if sizes1[d] == n1 and sizes2.get(d) == n2]
+        return found[0] if len(found) == 1 else None
+
+    return name_of
 
 
 def _translate(tracer, outputs, partner, opset, output_names):
@@ -192,7 +246,7 @@ def build_model(
     names = _parameter_names(model)
     axes = dynamic.normalize_axes(dynamic_axes, input_names, arrays)
 
-    first, outputs = _run_trace(model, arrays, input_names, names, "")
+    first, outputs = _run_trace(model, arrays, input_names, names, "", axes)
     changed = first.changed_in_place()
     if changed is not None:
         value, user = changed
@@ -213,15 +267,8 @@ def build_model(
     if unknown:
         raise ValueError(f"dynamic_axes names {unknown}, which are not inputs {input_names} or outputs {output_names}")
 
-    arrays2 = dynamic.second_example(arrays, axes, input_names)
-    second, outputs2 = _run_trace(
-        model,
-        arrays2,
-        input_names,
-        names,
-        f"again with every dynamic axis one larger (the dynamic-axes check; dynamic axes {axes}; an axis "
-        f"that cannot change size must be left out of dynamic_axes)",
-    )
+    second, outputs2, arrays2, decisions = _check_trace(model, first, arrays, input_names, names, axes)
+    guards = make_guards(decisions, _axis_namer(first, second, axes, input_names, arrays, arrays2))
     dynamic.same_ops(first, second, arrays, arrays2)
     g = _translate(first, outputs, second, opset, output_names)
     g2 = _translate(second, outputs2, first, opset, output_names)
@@ -255,8 +302,11 @@ def build_model(
         ir_version=helper.find_min_ir_version_for(opsets),
         producer_name="everyo",
         producer_version=everyo.__version__,
-        doc_string=f"Exported by everyo.onnx from {type(model).__name__} (traced).",
+        doc_string=f"Exported by everyo.onnx from {type(model).__name__} (traced)."
+        + "".join(f"\nGuard: {g.text} (assert at {g.line})" for g in guards),
     )
+    if guards:
+        helper.set_model_props(proto, {GUARDS_KEY: json.dumps([g.as_dict() for g in guards])})
     try:
         onnx.checker.check_model(proto, full_check=True)
     except onnx.checker.ValidationError as exc:
@@ -270,6 +320,8 @@ def build_model(
             second=second,
             outputs2=outputs2,
             arrays2=arrays2,
+            ranges=dynamic.integer_ranges(first),
+            guards=guards,
             input_names=input_names,
             output_names=output_names,
         )
@@ -308,7 +360,15 @@ def export_onnx(
             second trace at other sizes.
         opset: ONNX opset, default ``DEFAULT_OPSET`` (17).
         verify: run ONNX Runtime (optimisations off and on) on the example and
-            raise ``EveryOExportMismatchError`` naming the first node over 1e-5.
+            raise ``EveryOExportMismatchError`` naming the first node over 1e-5;
+            the outputs are also compared on the check trace's inputs and on a
+            fresh random input of the example's sizes (integer inputs drawn
+            from the rows they index, else from the example's range) run by
+            EveryO itself, so a value folded from the example is caught.
+
+    An ``assert`` on a traced size in ``forward`` becomes a *guard* of the
+    file (see :mod:`everyo.onnx.guards`); Python control flow on a size that
+    changes with the dynamic axes is refused, naming the line.
 
     The graph is the model's inference behaviour (the trace runs in eval
     mode); the model's modes and weights are left as they were.
@@ -333,7 +393,14 @@ def export_onnx(
     )
     data = proto.SerializeToString()
     if verify:
+        from everyo.onnx.trace import eager_outputs
         from everyo.onnx.verify import check_agreement
+
+        # A value computed outside the graph from the example (folded) can agree at the example and
+        # even at the check trace's sizes; fresh random inputs of the example's sizes, run by EveryO
+        # itself, catch it.
+        keep["arrays3"] = dynamic.third_example(keep["arrays"], keep["input_names"], keep["ranges"])
+        keep["outputs3"] = eager_outputs(model, keep["arrays3"])
 
         check_agreement(data, keep)  # raises before anything is written
     atomic_write(path, lambda f: f.write(data))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from everyo.onnx.registry import rule as _rule
+from everyo.onnx.symbolic import SymInt
 
 _COMPARE = {
     "equal": "Equal",
@@ -135,3 +136,19 @@ def einsum(t, node):
     dtype = node.outputs[0].dtype
     names = [t.name(v, dtype, k) for k, v in enumerate(node.inputs)]
     t.set(node.outputs[0], t.g.node("Einsum", names, equation=f"{','.join(terms)}->{output}"))
+
+
+@_rule("arange")
+def arange(t, node):
+    # Recorded only when a bound is a traced size (eo.arange(T)); else folded to a constant.
+    args = tuple(node.attrs["args"])
+    start, stop, step = (0, args[0], 1) if len(args) == 1 else (args + (1,))[:3]
+    dtype = node.outputs[0].dtype
+
+    def scalar(v, what):
+        if isinstance(v, SymInt):
+            v = t.g.squeeze(t.size(v), [0])
+            return v if dtype == np.int64 else t.g.cast(v, dtype)
+        return t.g.scalar(v, dtype, what)
+
+    t.set(node.outputs[0], t.g.node("Range", [scalar(start, "start"), scalar(stop, "limit"), scalar(step, "delta")]))

@@ -14,6 +14,7 @@ from everyo.onnx import advanced_indexing, attention
 from everyo.onnx.graph import INT64_MAX, TO_NCHW, TO_NHWC
 from everyo.onnx.registry import RULES as RULES  # RULES re-exported: export.py and the tests read it here
 from everyo.onnx.registry import rule
+from everyo.onnx.symbolic import SymInt
 
 
 def _out(node, k=0):
@@ -359,6 +360,11 @@ def log_softmax(t, node):
 @rule("reshape", "flatten")
 def reshape(t, node):
     x = node.inputs[0]
+    given = node.attrs.get("shape", ())
+    if any(isinstance(d, SymInt) for d in given):
+        # Sizes taken from x.shape (reshape(B, T, -1)): computed in the graph as the code computes them.
+        t.set(_out(node), t.g.node("Reshape", [t.name(x), t.sizes(given, "shape")]))
+        return
     target = tuple(_out(node).shape)
     other = t.partner_node(node)
     other_target = tuple(other.outputs[0].shape) if other is not None else target
@@ -425,19 +431,21 @@ def getitem(t, node):
             out_axis += 1
         elif isinstance(item, slice):
             if item != slice(None):
-                step = 1 if item.step is None else int(item.step)
+                step = 1 if item.step is None else item.step
                 lo = item.start if item.start is not None else (0 if step > 0 else INT64_MAX)
                 hi = item.stop if item.stop is not None else (INT64_MAX if step > 0 else -INT64_MAX)
-                starts.append(int(lo)), ends.append(int(hi)), axes.append(axis), steps.append(step)
+                starts.append(lo), ends.append(hi), axes.append(axis), steps.append(step)
             axis += 1
             out_axis += 1
         else:
-            ints.append((axis, int(item)))
+            ints.append((axis, item))
             axis += 1
     if axes:
-        name = t.g.node("Slice", [name, t.g.ints(starts), t.g.ints(ends), t.g.ints(axes), t.g.ints(steps)])
+        # Bounds taken from x.shape (x[:, :T], a causal mask's [:T, :T]) are SymInts: computed in the graph.
+        name = t.g.node("Slice", [name, t.sizes(starts), t.sizes(ends), t.g.ints(axes), t.sizes(steps)])
     for axis, i in sorted(ints, reverse=True):  # from the last axis, so earlier positions stay put
-        name = t.g.node("Gather", [name, t.g.scalar(i, np.int64, "index")], axis=axis)
+        index = t.g.squeeze(t.size(i), [0]) if isinstance(i, SymInt) else t.g.scalar(int(i), np.int64, "index")
+        name = t.g.node("Gather", [name, index], axis=axis)
     if news:
         name = t.g.unsqueeze(name, news)
     if name == t.name(x):

@@ -11,6 +11,13 @@ table). Each Tensor seen becomes a :class:`Value`:
 
 Every node keeps the user's source line that led to it (the first frame
 outside the ``everyo`` package), so a refusal can say where the op came from.
+
+An op whose *attributes* hold a traced Tensor (``table[idx]`` with ``idx``
+an input) or a traced size (a :class:`~everyo.onnx.symbolic.SymInt`, as in
+``x[:, :T]``) depends on the input too: it is recorded, with those as its
+``deps``, never folded. While tracing, every recorded Tensor is a
+:class:`~everyo.onnx.symbolic.TracedTensor` (symbolic ``shape``); the
+classes are switched back when the trace ends.
 """
 
 import os
@@ -21,6 +28,8 @@ import numpy as np
 import everyo
 from everyo import dispatch
 from everyo.errors import EveryOSerializationError
+from everyo.onnx import symbolic
+from everyo.onnx.symbolic import SymInt
 from everyo.tensor import Tensor
 
 # Every folder of the everyo namespace (core and the add-ons): frames from
@@ -49,10 +58,12 @@ def user_line():
 class Value:
     """One Tensor as the graph sees it."""
 
-    __slots__ = ("kind", "node", "index", "name", "data", "array", "tensor")
+    __slots__ = ("kind", "node", "index", "name", "data", "array", "tensor", "axes", "sym_shape")
 
     def __init__(self, kind, tensor, node=None, index=0, name=None):
         self.kind = kind  # "input", "node" or "const"
+        self.axes = None  # an input's dynamic axes (None: every axis may change size)
+        self.sym_shape = None  # the shape with SymInts, made on first use
         self.tensor = tensor  # kept alive so its id() cannot be reused during the trace
         self.node, self.index = node, index
         self.name = name  # parameter/buffer name for constants, graph name for inputs
@@ -78,11 +89,12 @@ class Value:
 class Node:
     """One recorded primitive call."""
 
-    __slots__ = ("index", "op", "inputs", "outputs", "attrs", "line")
+    __slots__ = ("index", "op", "inputs", "outputs", "attrs", "line", "deps")
 
-    def __init__(self, index, op, inputs, attrs, line):
+    def __init__(self, index, op, inputs, attrs, line, deps=()):
         self.index, self.op, self.inputs, self.attrs, self.line = index, op, inputs, attrs, line
         self.outputs = []
+        self.deps = list(deps)  # traced Values its attributes use (an index tensor, the leaves of a SymInt)
 
     def describe(self):
         return f"op '{self.op}' (node {self.index}) at {self.line}"
@@ -91,26 +103,52 @@ class Node:
         return f"Node({self.index}, {self.op})"
 
 
+class Decision:
+    """A truth value the user's code took of a comparison of sizes."""
+
+    __slots__ = ("condition", "line", "is_assert", "operands", "value")
+
+    def __init__(self, condition, line, is_assert):
+        self.condition, self.line, self.is_assert = condition, line, is_assert
+        self.operands = (int(condition.left), int(condition.right))
+        self.value = condition.value
+
+
+class GuardFailed(Exception):
+    """Raised by a check trace whose sizes break one of the model's asserts."""
+
+    def __init__(self, decision):
+        super().__init__(f"assert {decision.condition.text()} fails at {decision.line}")
+        self.decision = decision
+
+
 class Tracer:
     """The recorder core's op table reports to (see ``everyo.dispatch``).
 
     Args:
         names: ``{id(tensor): name}`` for the model's parameters and buffers,
             so their constants keep readable names.
+        check: True for the exporter's check trace (other sizes): an
+            ``assert`` on sizes that fails there raises :class:`GuardFailed`,
+            so the exporter can pick other sizes.
     """
 
-    def __init__(self, names=None):
+    def __init__(self, names=None, check=False):
         self.names = dict(names or {})
+        self.check = check
         self.values = {}  # id(tensor) -> Value
         self.nodes = []
         self.inputs = []  # Values, in the model's argument order
         self.consumers = {}  # id(Value) -> [(node, position)]
+        self.decisions = []  # Decision, in the order the code took them
 
     # --- building ----------------------------------------------------------------
-    def add_input(self, tensor, name):
+    def add_input(self, tensor, name, axes=None):
         value = Value("input", tensor, name=name)
+        value.axes = None if axes is None else frozenset(axes)
         self.values[id(tensor)] = value
         self.inputs.append(value)
+        symbolic.attach(tensor)
         return value
 
     def value_of(self, tensor):
@@ -121,9 +159,20 @@ class Tracer:
             self.values[id(tensor)] = value
         return value
 
+    def _deps(self, attrs):
+        """The traced Values an op's attributes use (index tensors, SymInt leaves)."""
+        deps = []
+        for part in symbolic.symbolic_parts(list(attrs.values()), []):
+            found = (
+                [leaf for leaf, _ in symbolic.leaves(part)] if isinstance(part, SymInt) else [self.value_of(part)]
+            )
+            deps.extend(v for v in found if v.dynamic and all(v is not d for d in deps))
+        return deps
+
     def record(self, name, inputs, outputs, attrs):
         ins = [None if t is None else self.value_of(t) for t in inputs]
-        dynamic = any(v is not None and v.dynamic for v in ins)
+        deps = self._deps(attrs)
+        dynamic = bool(deps) or any(v is not None and v.dynamic for v in ins)
         # An op that hands back its own input (dropout in eval mode, astype to
         # the same dtype) adds nothing to the graph.
         if all(id(t) in self.values for t in outputs):
@@ -133,18 +182,41 @@ class Tracer:
             for t in outputs:
                 self.value_of(t)
             return
-        node = Node(len(self.nodes), name, ins, dict(attrs), user_line())
+        node = Node(len(self.nodes), name, ins, dict(attrs), user_line(), deps)
         for k, t in enumerate(outputs):
             if id(t) in self.values:  # an input passed through as one of several outputs
                 value = self.values[id(t)]
             else:
                 value = Value("node", t, node=node, index=k)
                 self.values[id(t)] = value
+                symbolic.attach(t)
             node.outputs.append(value)
         for position, v in enumerate(ins):
             if v is not None:
                 self.consumers.setdefault(id(v), []).append((node, position))
+        for v in deps:
+            self.consumers.setdefault(id(v), []).append((node, None))
         self.nodes.append(node)
+
+    def symbolic_shape(self, tensor):
+        """``tensor.shape`` with a SymInt on every axis that may change size."""
+        value = self.values.get(id(tensor))
+        if value is None or not value.dynamic:
+            return tensor.data.shape
+        if value.sym_shape is None or len(value.sym_shape) != value.data.ndim:
+            value.sym_shape = tuple(
+                SymInt(n, ("dim", value, axis)) if value.axes is None or axis in value.axes else int(n)
+                for axis, n in enumerate(value.data.shape)
+            )
+        return value.sym_shape
+
+    def on_decision(self, condition, line, is_assert):
+        """The user's code takes the truth value of a comparison of sizes."""
+        decision = Decision(condition, line, is_assert)
+        self.decisions.append(decision)
+        if is_assert and not decision.value and self.check:
+            raise GuardFailed(decision)
+        return decision.value
 
     def on_python_value(self, tensor, kind):
         value = self.values.get(id(tensor))
@@ -173,14 +245,18 @@ class Tracer:
         return self.consumers.get(id(value), [])
 
 
-def trace(model, inputs, input_names, names):
+def trace(model, inputs, input_names, names, axes=None, tracer=None):
     """Run ``model(*inputs)`` under a fresh tracer, in eval mode, with autograd
     and any autocast policy off. Returns ``(tracer, outputs)`` where outputs is
-    the flat list of output Tensors. The model's modes are restored."""
-    tracer = Tracer(names)
+    the flat list of output Tensors. The model's modes are restored.
+
+    ``axes`` is ``{input name: {axis: dim name}}`` (the dynamic axes; an
+    input's other axes keep plain int sizes); ``tracer`` a fresh Tracer to use
+    (the caller keeps what it recorded even when the forward pass raises)."""
+    tracer = Tracer(names) if tracer is None else tracer
     tensors = [x if isinstance(x, Tensor) else Tensor(x) for x in inputs]
     for t, name in zip(tensors, input_names):
-        tracer.add_input(t, name)
+        tracer.add_input(t, name, None if axes is None else axes.get(name, {}))
     modes = [(m, m.training) for m in model.modules()]
     model.eval()
     policy_token = dispatch.set_policy(None)
@@ -191,9 +267,27 @@ def trace(model, inputs, input_names, names):
     finally:
         dispatch.reset_tracer(tracer_token)
         dispatch.reset_policy(policy_token)
+        for value in tracer.values.values():
+            symbolic.detach(value.tensor)
         for m, mode in modes:
             object.__setattr__(m, "training", mode)
     return tracer, flatten_outputs(result)
+
+
+def eager_outputs(model, inputs):
+    """``model(*inputs)`` run by EveryO itself (no tracer), in eval mode with
+    autograd and autocast off, as the flat list of output arrays; modes restored."""
+    modes = [(m, m.training) for m in model.modules()]
+    model.eval()
+    policy_token = dispatch.set_policy(None)
+    try:
+        with everyo.no_grad():
+            result = model(*[Tensor(x) for x in inputs])
+    finally:
+        dispatch.reset_policy(policy_token)
+        for m, mode in modes:
+            object.__setattr__(m, "training", mode)
+    return [np.asarray(t.data) for t in flatten_outputs(result)]
 
 
 def flatten_outputs(result):

@@ -14,6 +14,7 @@ import numpy as np
 
 from everyo.errors import EveryOSerializationError
 from everyo.onnx.graph import INT64_MAX, GraphBuilder
+from everyo.onnx.symbolic import SymInt
 
 SUPPORTED_DTYPES = frozenset(np.dtype(d) for d in (np.float32, np.int64, np.int32, np.bool_))
 
@@ -37,6 +38,7 @@ class Translator:
         self.node = None
         self._derived = set()  # constants that are views of a graph input
         self.fused = {}  # id(Value) -> ONNX name, for a value a fused node computes ahead of its own op
+        self._sizes = {}  # structural key of a SymInt -> its 1-element int64 ONNX name
         for value in tracer.inputs:
             self.g.names[id(value)] = self.g.reserve(value.name)
 
@@ -128,6 +130,39 @@ class Translator:
         end = INT64_MAX if axis == -1 else axis + 1
         return self.g.node("Slice", [shape, self.g.ints([axis]), self.g.ints([end]), self.g.ints([0])])
 
+    def size(self, x):
+        """A 1-element int64 tensor holding the int or SymInt ``x``, computed in
+        the graph from the shapes it came from (``Shape``, ``Slice``, arithmetic)."""
+        if not isinstance(x, SymInt):
+            return self.g.ints([int(x)], "size")
+        key = _key(x)
+        name = self._sizes.get(key)
+        if name is not None:
+            return name
+        e = x.expr
+        if e[0] == "dim":
+            name = self.dim(self.name(e[1]), e[2])
+        elif e[0] == "neg":
+            name = self.g.node("Neg", [self.size(e[1])])
+        else:
+            a, b = self.size(e[1]), self.size(e[2])
+            if e[0] in ("add", "sub", "mul"):
+                name = self.g.node({"add": "Add", "sub": "Sub", "mul": "Mul"}[e[0]], [a, b])
+            else:
+                # ONNX's integer Mod (fmod=0) takes the divisor's sign, as Python's %; Div truncates,
+                # but a - a % b is a multiple of b, so dividing it is exact: Python's //.
+                mod = self.g.node("Mod", [a, b], fmod=0)
+                name = mod if e[0] == "mod" else self.g.node("Div", [self.g.node("Sub", [a, mod]), b])
+        self._sizes[key] = name
+        return name
+
+    def sizes(self, values, base="ints"):
+        """A 1-D int64 tensor of ``values`` (ints and SymInts): an initializer
+        when none is symbolic, else the ``Concat`` of their :meth:`size`."""
+        if not any(isinstance(v, SymInt) for v in values):
+            return self.g.ints([int(v) for v in values], base)
+        return self.g.node("Concat", [self.size(v) for v in values], axis=0)
+
     def run(self, rules):
         for node in self.tracer.nodes:
             self.node = self.g.origin = node
@@ -150,6 +185,15 @@ class Translator:
                 raise EveryOSerializationError(f"internal: rule for {node.op} left {len(missing)} output(s) unset")
         self.node = self.g.origin = None
         return self.g
+
+
+def _key(x):
+    if not isinstance(x, SymInt):
+        return int(x)
+    e = x.expr
+    if e[0] == "dim":
+        return ("dim", id(e[1]), e[2])
+    return (e[0],) + tuple(_key(part) for part in e[1:])
 
 
 def _inserted_axes(src, dst):

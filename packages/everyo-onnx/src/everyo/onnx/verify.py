@@ -131,6 +131,16 @@ def report(model_bytes, keep):
             _session(ort, model_bytes, optimise=True),
             feeds2,
         )
+    if "arrays3" in keep:
+        feeds3 = dict(zip(keep["input_names"], keep["arrays3"]))
+        compare(
+            "optimisations on, a fresh random input of the example's sizes (EveryO eager)",
+            final,
+            keep["outputs3"],
+            sources,
+            _session(ort, model_bytes, optimise=True),
+            feeds3,
+        )
     return out
 
 
