@@ -41,7 +41,12 @@ def floats(*shape, positive=False, seed=0):
 OPS = [
     ("add_scalar", lambda m, x: x + 2.0, floats(3, 4), {}),
     # eo.arange of a traced size (the batch axis, which the test varies): a Range node, not the traced numbers
-    ("arange_of_a_traced_size", lambda m, x: x[:, :, 0] * eo.arange(x.shape[0], dtype="float32")[:, None], floats(3, 4), {}),
+    (
+        "arange_of_a_traced_size",
+        lambda m, x: x[:, :, 0] * eo.arange(x.shape[0], dtype="float32")[:, None],
+        floats(3, 4),
+        {},
+    ),
     ("radd_broadcast", lambda m, x: eo.tensor(np.arange(4, dtype=np.float32)) + x, floats(3, 4), {}),
     ("sub", lambda m, x: x - x[:, :1], floats(3, 4), {}),
     ("rsub_scalar", lambda m, x: 1.0 - x, floats(3, 4), {}),

@@ -109,7 +109,9 @@ def integer_ranges(tracer):
         a = value.data
         if a.dtype.kind not in "iu" or not a.size:
             continue
-        bounds = [n for n in (_indexed_size(node, position, value) for node, position in tracer.consumers_of(value)) if n]
+        bounds = [
+            n for n in (_indexed_size(node, position, value) for node, position in tracer.consumers_of(value)) if n
+        ]
         ranges[value.name] = (0, min(bounds) - 1) if bounds else (int(a.min()), int(a.max()))
     return ranges
 

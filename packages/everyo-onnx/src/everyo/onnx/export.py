@@ -19,9 +19,9 @@ from everyo.io import atomic_write
 from everyo.nn import Module
 from everyo.onnx import dynamic
 from everyo.onnx.graph import onnx_type
+from everyo.onnx.guards import GUARDS_KEY, make_guards
 from everyo.onnx.optimize import cancel_transposes, eliminate_dead, identity_outputs
 from everyo.onnx.rules import RULES
-from everyo.onnx.guards import GUARDS_KEY, make_guards
 from everyo.onnx.trace import GuardFailed, Tracer, trace
 from everyo.onnx.translate import Translator
 
@@ -392,7 +392,7 @@ def export_onnx(
         _keep=keep,
     )
     data = proto.SerializeToString()
-    if verify:
+    if keep is not None:
         from everyo.onnx.trace import eager_outputs
         from everyo.onnx.verify import check_agreement
 

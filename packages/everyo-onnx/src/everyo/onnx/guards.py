@@ -140,7 +140,7 @@ def _tree(x, name_of):
     return ["neg", parts[0]] if e[0] == "neg" else [_ARITHMETIC[e[0]][0], *parts]
 
 
-def make_guards(decisions, name_of) -> list[Guard]:
+def make_guards(decisions, name_of):  # (internal: the exporter's Decision objects)
     """Guards from the exporter's assert decisions; ``name_of(value, axis)``
     names the dynamic axis a traced size is (or None)."""
     from everyo.onnx.symbolic import _COMPARISONS

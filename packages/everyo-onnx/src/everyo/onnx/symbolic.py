@@ -27,6 +27,7 @@ int. Write ``x.shape[0]``.
 from __future__ import annotations
 
 import dis
+import linecache
 import operator
 import os
 import sys
@@ -149,8 +150,9 @@ def describe(x, dim_name=None):
         return str(x)
     e = x.expr
     if e[0] == "dim":
-        name = dim_name(e[1], e[2]) if dim_name is not None else None
-        return name or f"{e[1].name or 'shape'}[{e[2]}]"
+        value, axis = e[1], e[2]
+        name = dim_name(value, axis) if dim_name is not None else (value.axes or {}).get(axis)
+        return name or f"{value.name or 'shape'}[{axis}]"
     if e[0] == "neg":
         return f"-{describe(e[1], dim_name)}"
     return f"({describe(e[1], dim_name)} {_ARITHMETIC[e[0]][0]} {describe(e[2], dim_name)})"
@@ -173,8 +175,12 @@ _instructions: dict = {}
 
 def _in_assert(frame):
     """Whether ``frame`` is taking a truth value for an ``assert`` statement:
-    the jump-if-true right after it skips a ``LOAD_ASSERTION_ERROR``."""
+    the jump-if-true right after it skips a ``LOAD_ASSERTION_ERROR``, or (for
+    asserts another tool rewrote, as pytest does in test files) the source
+    line is an assert."""
     code = frame.f_code
+    if linecache.getline(code.co_filename, frame.f_lineno).lstrip().startswith("assert "):
+        return True
     ins = _instructions.get(code)
     if ins is None:
         ins = _instructions[code] = list(dis.get_instructions(code))
@@ -182,9 +188,7 @@ def _in_assert(frame):
     if k is None:
         return False
     window = ins[k : k + 4]
-    return any(
-        a.opname in _ASSERT_JUMPS and b.opname == "LOAD_ASSERTION_ERROR" for a, b in zip(window, window[1:])
-    )
+    return any(a.opname in _ASSERT_JUMPS and b.opname == "LOAD_ASSERTION_ERROR" for a, b in zip(window, window[1:]))
 
 
 class SymBool:
@@ -218,7 +222,7 @@ class TracedTensor(Tensor):
     __slots__ = ()
 
     @property
-    def shape(self):  # type: ignore[override]
+    def shape(self):
         """The shape, with SymInt entries on the axes that can change size."""
         tracer = dispatch.get_tracer()
         if tracer is None or dispatch.inside_primitive():

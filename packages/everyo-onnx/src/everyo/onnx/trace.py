@@ -62,7 +62,7 @@ class Value:
 
     def __init__(self, kind, tensor, node=None, index=0, name=None):
         self.kind = kind  # "input", "node" or "const"
-        self.axes = None  # an input's dynamic axes (None: every axis may change size)
+        self.axes = None  # an input's dynamic axes, {axis: name} (None: every axis may change size)
         self.sym_shape = None  # the shape with SymInts, made on first use
         self.tensor = tensor  # kept alive so its id() cannot be reused during the trace
         self.node, self.index = node, index
@@ -145,7 +145,7 @@ class Tracer:
     # --- building ----------------------------------------------------------------
     def add_input(self, tensor, name, axes=None):
         value = Value("input", tensor, name=name)
-        value.axes = None if axes is None else frozenset(axes)
+        value.axes = None if axes is None else dict(axes)
         self.values[id(tensor)] = value
         self.inputs.append(value)
         symbolic.attach(tensor)
@@ -163,9 +163,7 @@ class Tracer:
         """The traced Values an op's attributes use (index tensors, SymInt leaves)."""
         deps = []
         for part in symbolic.symbolic_parts(list(attrs.values()), []):
-            found = (
-                [leaf for leaf, _ in symbolic.leaves(part)] if isinstance(part, SymInt) else [self.value_of(part)]
-            )
+            found = [leaf for leaf, _ in symbolic.leaves(part)] if isinstance(part, SymInt) else [self.value_of(part)]
             deps.extend(v for v in found if v.dynamic and all(v is not d for d in deps))
         return deps
 
