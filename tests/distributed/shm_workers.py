@@ -7,6 +7,7 @@ children import only this small file and NumPy.
 
 import os
 import signal
+import threading
 import time
 
 import numpy as np
@@ -132,9 +133,15 @@ def killed_on_rank_1(group):
     group.all_reduce_sum(np.ones(10))
 
 
-def hangs_on_rank_1(group):
+def hangs_on_rank_1(group, flag=None):
+    """Rank 1 never reaches the barrier. With ``flag``: once rank 0 waits in it, rank 1 creates
+    the file ``flag`` (a handshake the test's clock waits for) and then blocks forever."""
     if group.rank == 1:
-        time.sleep(60)
+        if flag is not None:
+            while not group._control.is_waiting(0):
+                time.sleep(0.001)
+            open(flag, "w").close()
+        threading.Event().wait()  # forever: spawn stops this rank
     group.barrier()
 
 

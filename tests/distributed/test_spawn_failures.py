@@ -69,9 +69,28 @@ def test_killed_worker_is_reported_with_its_signal_and_peers_released():
     assert "rank 1 was killed by SIGKILL" in message
 
 
-def test_timeout_names_unfinished_ranks_and_gives_the_hint():
-    error, message = spawn_error(shm_workers.hangs_on_rank_1, timeout=1.5)
-    assert "spawn timed out after 1.5 s; rank(s) 0, 1 had not finished" in message
+class HandshakeClock:
+    """spawn's clock, which jumps an hour ahead once ``flag`` exists: the timeout then fires at a
+    known state (rank 0 waiting in the barrier), however slowly the ranks started."""
+
+    def __init__(self, flag):
+        self.flag = flag
+
+    def monotonic(self):
+        return time.monotonic() + (3600.0 if os.path.exists(self.flag) else 0.0)
+
+    def __getattr__(self, name):
+        return getattr(time, name)
+
+
+def test_timeout_names_unfinished_ranks_and_gives_the_hint(tmp_path, monkeypatch):
+    from everyo.distributed.sharedmem import spawn as spawn_module
+
+    flag = str(tmp_path / "rank0-waits")
+    monkeypatch.setattr(spawn_module, "time", HandshakeClock(flag))
+    # (stall_timeout above the jump, so that the stall check, which wakes spawn every 0.25 s, does not fire first)
+    error, message = spawn_error(shm_workers.hangs_on_rank_1, args=(flag,), timeout=60, stall_timeout=7200)
+    assert "spawn timed out after 60 s; rank(s) 0, 1 had not finished" in message
     assert "rank 0: waiting in barrier() as collective #0" in message
     assert "rank 1: had not called any collective" in message
     assert "a rank that took a different path through the loop" in message

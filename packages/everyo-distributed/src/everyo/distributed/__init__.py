@@ -20,6 +20,7 @@ from everyo.distributed.ddp import DistributedDataParallel
 from everyo.distributed.gradients import average_gradients
 from everyo.distributed.protocol import (
     CollectiveRecord,
+    PeerFailedError,
     ProcessGroup,
     check_records,
     describe_mismatch,
@@ -39,6 +40,7 @@ __all__ = [
     "shard_indices",
     "average_gradients",
     "EveryODistributedError",
+    "PeerFailedError",
     "ProcessGroup",
     "CollectiveRecord",
     "describe_mismatch",

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from everyo import autograd
+from everyo.distributed.protocol import PeerFailedError
 from everyo.errors import EveryODistributedError
 from everyo.nn.module import Module
 
@@ -331,11 +332,15 @@ class DistributedDataParallel(Module):
             self._wait_for(current)
             self.wait_seconds += time.perf_counter() - start
             self.comm_seconds += current.seconds
-            if current.error is not None:
-                raise EveryODistributedError(
+            error = current.error
+            if error is not None:
+                message = (
                     f"DistributedDataParallel: averaging the gradients failed on rank {self.group.rank}: "
-                    f"{type(current.error).__name__}: {current.error}"
-                ) from current.error
+                    f"{type(error).__name__}: {error}"
+                )
+                if isinstance(error, PeerFailedError):  # a consequence of a peer's failure stays one
+                    raise type(error)(message, error.failed_rank) from error
+                raise EveryODistributedError(message) from error
             for bucket, averaged in zip(self._buckets, current.results):
                 assert averaged is not None  # no error: every bucket was averaged
                 bucket.write_back(averaged)

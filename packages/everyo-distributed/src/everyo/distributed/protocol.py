@@ -58,6 +58,8 @@ __all__ = [
     "is_float_dtype",
     "HINT",
     "REDUCE_OPS",
+    "PeerFailedError",
+    "is_consequence",
 ]
 
 REDUCE_OPS = ("sum", "mean")
@@ -136,6 +138,39 @@ def check_records(records: Sequence[CollectiveRecord | None]) -> None:
     message = describe_mismatch(records)
     if message is not None:
         raise EveryODistributedError(message)
+
+
+class PeerFailedError(EveryODistributedError):
+    """Raised on a rank because another rank failed first: a consequence, not a cause.
+
+    ``failed_rank`` is the rank this rank saw fail (``-1`` when unknown). The
+    launchers (``spawn``, ``python -m everyo.distributed.run``) report the
+    first failure that is not a consequence as the root cause, and list these
+    after it.
+    """
+
+    def __init__(self, message: str, failed_rank: int = -1) -> None:
+        super().__init__(message)
+        self.failed_rank = failed_rank
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (str(self), self.failed_rank))
+
+
+def is_consequence(exc: BaseException | None) -> bool:
+    """Whether ``exc`` is, or was raised while handling or because of, a :class:`PeerFailedError`.
+
+    Walks ``__cause__`` and ``__context__``, so user code that wraps the
+    error (``raise RuntimeError("step failed") from e``) is still recognised
+    as a consequence of the peer's failure.
+    """
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, PeerFailedError):
+            return True
+        seen.add(id(exc))
+        exc = exc.__cause__ if exc.__cause__ is not None else exc.__context__
+    return False
 
 
 _MOVE_ONLY = ("broadcast", "all_gather")  # no arithmetic: bool is fine
@@ -320,6 +355,7 @@ class ProcessGroup(abc.ABC):
         self._rank, self._world_size = rank, world_size
         self._seq = 0  # collectives called so far: the record's sequence number
         self._broken: str | None = None  # the first failure's message, once a collective failed
+        self._broken_by_peer: int | None = None  # the failed peer, when that failure was a consequence
         self._closed = False
 
     @property
@@ -415,9 +451,10 @@ class ProcessGroup(abc.ABC):
     def _call(self, body: Callable[..., Any], op: str, data: np.ndarray | None, root: int, *args: Any) -> Any:
         """Check the group is usable, number the call, run the backend; a failure breaks the group."""
         if self._broken is not None:
-            raise EveryODistributedError(
-                f"rank {self._rank}: the group is unusable after an earlier failure: {self._broken}"
-            )
+            message = f"rank {self._rank}: the group is unusable after an earlier failure: {self._broken}"
+            if self._broken_by_peer is not None:
+                raise PeerFailedError(message, self._broken_by_peer)
+            raise EveryODistributedError(message)
         if self._closed:
             raise EveryODistributedError(f"rank {self._rank}: {op} on a closed group")
         refusal = self._refuse(op, data)
@@ -432,6 +469,8 @@ class ProcessGroup(abc.ABC):
             return body(record, data, *args)
         except BaseException as exc:
             self._broken = f"{type(exc).__name__}: {exc}"
+            if is_consequence(exc):
+                self._broken_by_peer = getattr(exc, "failed_rank", -1)
             raise
 
     # -- what a backend implements ---------------------------------------------------------------

@@ -32,7 +32,7 @@ import os
 import threading
 import time
 
-from everyo.distributed.protocol import HINT, CollectiveRecord
+from everyo.distributed.protocol import HINT, CollectiveRecord, PeerFailedError
 from everyo.distributed.sharedmem.segment import Segment, attach_segment, create_segment
 from everyo.errors import EveryODistributedError
 
@@ -63,7 +63,7 @@ _SLEEP_SECONDS = 0.0001  # then sleep in 0.1 ms steps: a waiting rank must not s
 _PARENT_CHECK_SECONDS = 0.1
 
 
-class PeerAbortedError(EveryODistributedError):
+class PeerAbortedError(PeerFailedError):
     """Raised in a rank released from a collective because another rank failed first.
 
     ``spawn`` reports the first failure, not these consequences of it.
@@ -216,7 +216,11 @@ class ControlBlock:
             if words[_ABORT]:
                 failed = words[_ABORT] - 1
                 raise PeerAbortedError(
-                    f"rank {self.rank} was released from {record.describe()} because rank {failed} failed"
+                    f"rank {self.rank} was released from {record.describe()} because rank {failed} failed", failed
+                )
+            if words[state_index] == FAILED and words[index] < target:
+                raise PeerAbortedError(
+                    f"rank {self.rank} was released from {record.describe()} because rank {peer} failed", peer
                 )
             if words[state_index] != RUNNING and words[index] < target:
                 # Re-read the counter: the peer stores it before its state.

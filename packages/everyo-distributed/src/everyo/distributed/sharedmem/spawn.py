@@ -22,8 +22,8 @@ import warnings
 from multiprocessing import connection
 from typing import TYPE_CHECKING, Any, Final
 
-from everyo.distributed.protocol import HINT
-from everyo.distributed.sharedmem.control import ControlBlock, PeerAbortedError
+from everyo.distributed.protocol import HINT, is_consequence
+from everyo.distributed.sharedmem.control import ControlBlock
 from everyo.distributed.sharedmem.group import SharedMemoryGroup, data_segment_name
 from everyo.distributed.sharedmem.segment import new_segment_name, unlink_segment
 from everyo.distributed.threads import worker_thread_env
@@ -248,7 +248,8 @@ def _worker_main(worker, args, rank, world_size, control_name, pipe, parent_pid)
     except BaseException as exc:  # noqa: B902 - every failure must reach the parent
         if group is not None:
             group._finish(ok=False)
-        secondary = isinstance(exc, PeerAbortedError)
+        # Raised because a peer failed first (also when user code wrapped that error): listed, not blamed.
+        secondary = is_consequence(exc)
         pipe.send(("error", f"rank {rank} raised {type(exc).__name__}: {exc}", traceback.format_exc(), secondary))
     finally:
         if group is not None:
@@ -260,7 +261,9 @@ def _supervise(processes, pipes, control, timeout, stall_timeout=None):
     world_size = len(processes)
     results = [None] * world_size
     finished = [False] * world_size
-    failures = []  # (priority, order, rank, message); lower priority = reported first
+    # (priority, order, rank, message): a rank's own failure (an exception, a death) is priority 0, a
+    # consequence of a peer's failure 1; the first failure in arrival order among the lowest is the cause.
+    failures = []
     by_handle = {}
     for rank, (process, pipe) in enumerate(zip(processes, pipes)):
         by_handle[pipe] = ("pipe", rank)
@@ -281,7 +284,7 @@ def _supervise(processes, pipes, control, timeout, stall_timeout=None):
             _, text, remote_tb, secondary = message
             failures.append(
                 (
-                    2 if secondary else 0,
+                    1 if secondary else 0,
                     len(failures),
                     rank,
                     f"{text}\n\nTraceback of rank {rank}:\n{remote_tb.rstrip()}",
@@ -320,7 +323,7 @@ def _supervise(processes, pipes, control, timeout, stall_timeout=None):
                     continue
             if not finished[rank] and not any(f[2] == rank for f in failures):
                 processes[rank].join()
-                failures.append((1, len(failures), rank, _death_message(rank, processes[rank].exitcode)))
+                failures.append((0, len(failures), rank, _death_message(rank, processes[rank].exitcode)))
     if failures:
         failures.sort()
         first = failures[0]

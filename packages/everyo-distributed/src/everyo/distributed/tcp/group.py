@@ -56,7 +56,14 @@ import time
 
 import numpy as np
 
-from everyo.distributed.protocol import HINT, CollectiveRecord, ProcessGroup, reduce_in_rank_order, split_blocks
+from everyo.distributed.protocol import (
+    HINT,
+    CollectiveRecord,
+    PeerFailedError,
+    ProcessGroup,
+    reduce_in_rank_order,
+    split_blocks,
+)
 from everyo.distributed.tcp import rendezvous, wire
 from everyo.distributed.tcp.server import TCPRendezvousServer
 from everyo.errors import EveryODistributedError
@@ -430,8 +437,9 @@ class TCPProcessGroup(ProcessGroup):
 
         def timed_out(peers):
             who = ", ".join(map(str, peers))
-            return EveryODistributedError(
-                f"timed out after {self.timeout:g} s waiting for rank(s) {who}. {HINT} {_STUCK_HINT}"
+            # A consequence: the rank(s) waited for are the ones stuck (or slow), not this one.
+            return PeerFailedError(
+                f"timed out after {self.timeout:g} s waiting for rank(s) {who}. {HINT} {_STUCK_HINT}", peers[0]
             )
 
         try:
@@ -440,6 +448,8 @@ class TCPProcessGroup(ProcessGroup):
             )
         except BaseException as exc:
             self.close()
+            if isinstance(exc, PeerFailedError):
+                raise type(exc)(f"rank {self._rank}, in {record.describe()}: {exc}", exc.failed_rank) from None
             if isinstance(exc, EveryODistributedError):
                 raise type(exc)(f"rank {self._rank}, in {record.describe()}: {exc}") from None
             raise

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from everyo.distributed.protocol import PeerFailedError
 from everyo.errors import EveryODistributedError
 
 if TYPE_CHECKING:
@@ -225,8 +226,8 @@ def tune_socket(sock: socket.socket) -> None:
 # -- non-blocking transfer of many frames at once, for collectives --------------------------
 
 
-class PeerLost(EveryODistributedError):
-    """A peer closed its connection or reset it in the middle of a collective."""
+class PeerLost(PeerFailedError):
+    """A peer closed its connection or reset it in the middle of a collective (``failed_rank``: that peer)."""
 
 
 _LOST = "; it failed, exited or closed its group (its own error says why)"
@@ -298,7 +299,8 @@ def _recv_some(sock: socket.socket, inc: Incoming, who: str) -> bool:
         n = sock.recv_into(inc.header_view[inc.got_header :])
         if n == 0:
             raise PeerLost(
-                f"{who} closed its connection ({inc.got_header} bytes of the expected frame had arrived){_LOST}"
+                f"{who} closed its connection ({inc.got_header} bytes of the expected frame had arrived){_LOST}",
+                inc.peer,
             )
         inc.got_header += n
         if inc.got_header < HEADER_SIZE:
@@ -311,7 +313,8 @@ def _recv_some(sock: socket.socket, inc: Incoming, who: str) -> bool:
         n = sock.recv_into(inc.payload[inc.got :])
         if n == 0:
             raise PeerLost(
-                f"{who} closed its connection ({HEADER_SIZE + inc.got} bytes of the expected frame had arrived){_LOST}"
+                f"{who} closed its connection ({HEADER_SIZE + inc.got} bytes of the expected frame had arrived){_LOST}",
+                inc.peer,
             )
         inc.got += n
     return inc.got == len(inc.payload)
@@ -349,7 +352,7 @@ def transfer(
             except (BlockingIOError, InterruptedError):
                 continue
             except OSError as exc:  # EPIPE, ECONNRESET: the peer is gone
-                raise PeerLost(f"{who_is(peer)} closed its connection ({exc.strerror or exc}){_LOST}") from None
+                raise PeerLost(f"{who_is(peer)} closed its connection ({exc.strerror or exc}){_LOST}", peer) from None
             progressed = True
             if done:
                 queue.popleft()
@@ -364,7 +367,7 @@ def transfer(
             except PeerLost:
                 raise
             except OSError as exc:
-                raise PeerLost(f"{who_is(peer)} closed its connection ({exc.strerror or exc}){_LOST}") from None
+                raise PeerLost(f"{who_is(peer)} closed its connection ({exc.strerror or exc}){_LOST}", peer) from None
             progressed = True
             if done:
                 finished = queue.popleft()
