@@ -59,6 +59,7 @@ from everyo.errors import (  # noqa: E402
 )
 from everyo.functional import *  # noqa: E402,F401,F403
 from everyo.indexing import *  # noqa: E402,F401,F403
+from everyo.kernel_table import kernels  # noqa: E402
 from everyo.io import (  # noqa: E402
     load,
     load_torch_state_dict,
@@ -135,6 +136,7 @@ __all__ = [
     "load",
     "load_torch_state_dict",
     "tune_allocator",
+    "kernels",
     "nn",
     "optim",
     "data",

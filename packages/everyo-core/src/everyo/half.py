@@ -31,6 +31,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from everyo import kernel_table
+
 if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import Any, TypeVar
@@ -489,8 +491,25 @@ def is_low_precision(dtype: np.dtype[Any]) -> bool:
     return dtype == np.float16 or is_bfloat16(dtype)
 
 
+def _compiled(name, x, in_dtype, out_dtype):
+    """``x``'s conversion by the everyo-kernels kernel ``name`` (one pass over the
+    bits as ``in_dtype``, into an ``out_dtype`` array of x's shape), or None
+    without it (see :mod:`everyo.kernel_table`)."""
+    fn = kernel_table.get(name)
+    if fn is None:
+        return None
+    shape = np.shape(x)
+    src = np.ascontiguousarray(x).reshape(-1).view(in_dtype)
+    out = np.empty(src.size, out_dtype)
+    fn(src, out)
+    return out.reshape(shape)
+
+
 def _bfloat16_to_float(b):
     """bfloat16 array -> float32 array (exact, NaN payloads included)."""
+    done = _compiled("bfloat16_to_float", b, np.uint16, _U32)
+    if done is not None:
+        return done.view(_F32)
     u = b.view(np.uint16).astype(_U32)
     np.left_shift(u, _U32(16), out=u)
     return u.view(_F32)
@@ -505,7 +524,7 @@ def _rne_bits(x):
     np.bitwise_and(r, _U32(1), out=r)  # the lowest kept bit: a tie goes to even
     np.add(r, _U32(0x7FFF), out=r)
     np.add(r, bits, out=r)  # the carry rounds up (the largest finites carry into inf, as they should)
-    if np.isnan(x.max()):  # max propagates NaN: one reduction finds any
+    if x.size and np.isnan(x.max()):  # max propagates NaN: one reduction finds any
         nan = np.isnan(x)
         r[nan] = np.bitwise_or(np.bitwise_and(bits[nan], _U32(0x80000000)), _U32(0x7FC00000))
     return r
@@ -519,7 +538,13 @@ def _bfloat16_codes_block(x):
     return r.astype(np.uint16).reshape(shape)
 
 
-_bfloat16_codes = _blockwise(_bfloat16_codes_block, np.uint16)
+_bfloat16_codes_numpy = _blockwise(_bfloat16_codes_block, np.uint16)
+
+
+def _bfloat16_codes(x):
+    """float32 array -> its bfloat16 codes (uint16), rounded as ``astype`` rounds."""
+    done = _compiled("bfloat16_codes", np.asarray(x, dtype=_F32), _U32, np.uint16)
+    return done if done is not None else _bfloat16_codes_numpy(x)
 
 
 def _float_to_bfloat16(x, dtype):
@@ -535,7 +560,13 @@ def _round_to_bfloat16_block(x):
     return r.view(_F32).reshape(shape)
 
 
-_round_to_bfloat16 = _blockwise(_round_to_bfloat16_block, _F32)
+_round_to_bfloat16_numpy = _blockwise(_round_to_bfloat16_block, _F32)
+
+
+def _round_to_bfloat16(x):
+    """float32 array -> float32 array of the values ``x.astype(bfloat16)`` holds."""
+    done = _compiled("round_to_bfloat16", np.asarray(x, dtype=_F32), _U32, _U32)
+    return done.view(_F32) if done is not None else _round_to_bfloat16_numpy(x)
 
 
 def _exact_to_bfloat16(x, dtype):

@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from everyo import kernel_table
 from everyo.dispatch import primitive
 from everyo.sequence_ops import multi_output
 
@@ -50,6 +51,9 @@ if TYPE_CHECKING:
     from everyo.tensor import Tensor
 
 __all__ = ["rnn_scan", "lstm_scan", "gru_scan"]
+
+
+_COMPILED_TYPES = (np.float32, np.float64)  # what everyo-kernels' LSTM kernels take
 
 
 def _sigmoid_(a):
@@ -176,6 +180,33 @@ def rnn_scan(
     return multi_output([_outputs(hs, lengths, ended), h.copy()], (xp, h0, w_hh), backward)
 
 
+def _lstm_cell_backward(a4, tc, c_prev, dh, dc, d_step, deriv, tmp):
+    """One LSTM step backward, in NumPy passes (everyo-kernels' ``lstm_cell_backward``
+    is the same arithmetic, compiled): ``dc`` (the cell state's gradient) in and out,
+    ``d_step`` (4, B, H) out; ``deriv`` (4, B, H) and ``tmp`` (B, H) are scratch."""
+    mul, sub = np.multiply, np.subtract
+    i, f, g, o = a4
+    d_i, d_f, d_g, d_o = d_step
+    deriv_g = deriv[2]
+    # dc += dh * o * (1 - tanh(c)^2)
+    mul(tc, tc, tmp)
+    sub(1, tmp, tmp)
+    tmp *= o
+    tmp *= dh
+    dc += tmp
+    # the activations' derivatives: s (1 - s) for i, f, o and 1 - g^2 for g
+    sub(1, a4, deriv)
+    deriv *= a4
+    mul(g, g, deriv_g)
+    sub(1, deriv_g, deriv_g)
+    mul(dh, tc, d_o)
+    mul(dc, g, d_i)
+    mul(dc, c_prev, d_f)
+    mul(dc, i, d_g)
+    d_step *= deriv
+    dc *= f
+
+
 @primitive("lstm_scan", kind="fused", inputs=("xp", "h0", "c0", "w_hh"))
 def lstm_scan(
     xp: Tensor, h0: Tensor, c0: Tensor, w_hh: Tensor, reverse: bool = False, lengths: TensorLike | None = None
@@ -212,12 +243,28 @@ def lstm_scan(
     i_g = np.empty((batch, H), dtype=dt)
     half = dt.type(0.5)
     ended = _ended_rows(lengths, batch, steps)
+    # Compiled passes (everyo-kernels, same arithmetic) replace the elementwise passes around the tanh.
+    gates_in = kernel_table.get("lstm_gates_in") if dt in _COMPILED_TYPES else None
+    gates_out = kernel_table.get("lstm_gates_out") if gates_in is not None else None
+    if gates_out is not None:
+        x4 = np.ascontiguousarray(x4, dtype=dt)
+        c = np.ascontiguousarray(c, dtype=dt)
     for t in _order(steps, reverse):
         rows = None if ended is None else ended[t]
         if rows is not None:
             h_kept, c_kept = h[rows], c[rows]
         a4 = acts[t]
         matmul(h, w4, a4)
+        if gates_out is not None:
+            gates_in(a4, x4, t)
+            tanh(a4, a4)
+            gates_out(a4, c, cs[t])
+            c = cs[t]
+            tc = tanh(c, tanh_cs[t])
+            h = mul(a4[3], tc, h_last if t == last else prev[:, t + ahead])
+            if rows is not None:
+                h[rows], c[rows] = h_kept, c_kept
+            continue
         a4 += x4[:, t].transpose(1, 0, 2)
         i, f, g, o = a4
         # sigmoid(z) = 0.5 + 0.5 * tanh(z / 2): one tanh for all four gates
@@ -253,9 +300,10 @@ def lstm_scan(
         tmp = np.empty((batch, H), dtype=dt)
         deriv = np.empty((4, batch, H), dtype=dt)
         d_step = np.empty((4, batch, H), dtype=dt)  # this step's gate gradients, gate-major (contiguous)
-        d_i, d_f, d_g, d_o = d_step
-        deriv_g = deriv[2]
         back = np.empty((4, batch, H), dtype=dt)  # d_step[k] @ w4[k].T, summed over k into dh
+        cell = kernel_table.get("lstm_cell_backward") if dt in _COMPILED_TYPES else None
+        if cell is not None:
+            c_first = np.ascontiguousarray(c_first, dtype=dt)
         for t in _order(steps, not reverse):
             rows = None if ended is None else ended[t]
             if rows is not None:
@@ -263,25 +311,11 @@ def lstm_scan(
             if g_seq is not None:
                 dh += g_seq[:, t]
             a4, tc = acts[t], tanh_cs[t]
-            i, f, g, o = a4
             c_prev = c_first if t == first else cs[t - ahead]
-            # dc += dh * o * (1 - tanh(c)^2)
-            mul(tc, tc, tmp)
-            sub(1, tmp, tmp)
-            tmp *= o
-            tmp *= dh
-            dc += tmp
-            # the activations' derivatives: s (1 - s) for i, f, o and 1 - g^2 for g
-            sub(1, a4, deriv)
-            deriv *= a4
-            mul(g, g, deriv_g)
-            sub(1, deriv_g, deriv_g)
-            mul(dh, tc, d_o)
-            mul(dc, g, d_i)
-            mul(dc, c_prev, d_f)
-            mul(dc, i, d_g)
-            d_step *= deriv
-            dc *= f
+            if cell is not None:
+                cell(a4, tc, c_prev, dh, dc, d_step)
+            else:
+                _lstm_cell_backward(a4, tc, c_prev, dh, dc, d_step, deriv, tmp)
             if rows is not None:
                 d_step[:, rows] = 0
                 dc[rows] = dc_kept

@@ -1,0 +1,59 @@
+"""everyo-kernels: compiled (numba) replacements for inner steps of core's ops.
+
+Core finds this package through :mod:`everyo.kernel_table` at the first use of
+an op that has a kernel (or at ``eo.kernels()``), never at ``import everyo``;
+``EVERYO_KERNELS=0`` keeps it unused. :data:`TABLE` maps each kernel's name to
+the compiled function the op calls. Importing this module imports numba and
+loads (or, the first time, compiles and caches) every kernel.
+
+Importing this subpackage makes ``everyo.kernels`` (the attribute of the
+``everyo`` package) this module instead of core's function
+:func:`everyo.kernel_table.kernels`; so that ``eo.kernels()`` means the same
+either way, this module is callable and calling it returns that function's
+answer.
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+from typing import TYPE_CHECKING, Any
+
+from everyo.kernels._version import __version__
+from everyo.kernels.bfloat16 import bfloat16_codes, bfloat16_to_float, round_to_bfloat16
+from everyo.kernels.recurrent import lstm_cell_backward, lstm_gates_in, lstm_gates_out
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from everyo.kernel_table import KernelStatus
+
+__all__ = ["TABLE", "describe", "__version__"]
+
+TABLE: dict[str, Callable[..., Any]] = {
+    "bfloat16_codes": bfloat16_codes,
+    "round_to_bfloat16": round_to_bfloat16,
+    "bfloat16_to_float": bfloat16_to_float,
+    "lstm_gates_in": lstm_gates_in,
+    "lstm_gates_out": lstm_gates_out,
+    "lstm_cell_backward": lstm_cell_backward,
+}
+
+
+def describe() -> str:
+    """One line: this package's and numba's versions (``eo.kernels().reason``)."""
+    import numba
+
+    return f"everyo-kernels {__version__}, numba {numba.__version__}"
+
+
+class _CallableModule(types.ModuleType):
+    """This module's type: calling it is ``eo.kernels()``."""
+
+    def __call__(self) -> KernelStatus:
+        from everyo.kernel_table import kernels
+
+        return kernels()
+
+
+sys.modules[__name__].__class__ = _CallableModule

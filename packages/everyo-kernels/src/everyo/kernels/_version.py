@@ -1,0 +1,3 @@
+"""The version of this distribution (Hatch reads it from here)."""
+
+__version__ = "0.1.0"
