@@ -1,6 +1,6 @@
 """Type-check EveryO with mypy, as users see it installed.
 
-1. The four packages share the ``everyo`` namespace; installed, they form one
+1. The five packages share the ``everyo`` namespace; installed, they form one
    ``site-packages/everyo`` folder. mypy does not follow the
    ``pkgutil.extend_path`` that joins the editable src/ folders, so this builds
    that one folder from symbolic links in a temporary directory and checks it
@@ -23,7 +23,7 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ["everyo-core", "everyo-amp", "everyo-onnx", "everyo-distributed"]
+PACKAGES = ["everyo-core", "everyo-amp", "everyo-onnx", "everyo-distributed", "everyo-kernels"]
 
 
 def build_merged_package(dest: Path) -> Path:

@@ -28,6 +28,7 @@ ADDONS = {
     "everyo.distributed": ("everyo-distributed", "distributed"),
     "everyo.distributed_tcp": ("everyo-distributed", "distributed"),
     "everyo.distributed_mpi": ("everyo-distributed", "distributed"),
+    "everyo.kernels": ("everyo-kernels", "kernels"),
 }
 
 # lazily resolved name on ``eo`` -> add-on module that provides it
@@ -40,7 +41,17 @@ LAZY_NAMES = {
 }
 
 # Modules that importing core must never pull in.
-FORBIDDEN_AT_IMPORT = ("everyo.amp", "everyo.onnx", "everyo.distributed", "onnx", "onnxruntime", "mpi4py")
+FORBIDDEN_AT_IMPORT = (
+    "everyo.amp",
+    "everyo.onnx",
+    "everyo.distributed",
+    "everyo.kernels",
+    "onnx",
+    "onnxruntime",
+    "mpi4py",
+    "numba",
+    "llvmlite",
+)
 
 
 def _module_present(name: str) -> bool:
@@ -56,7 +67,7 @@ def _require_core_only(what: str) -> None:
 
 def test_cell_variable_is_known():
     # A typo in hatch.toml's EVERYO_TEST_CELL would silently turn the absence checks into skips.
-    assert CELL in (None, "core", "amp", "onnx", "distributed"), CELL
+    assert CELL in (None, "core", "amp", "onnx", "distributed", "kernels"), CELL
 
 
 @pytest.mark.parametrize("module", sorted(ADDONS))

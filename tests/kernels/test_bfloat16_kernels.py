@@ -30,7 +30,11 @@ def _hard_values(rng):
 
 
 def _same_bits(a, b):
-    return a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a.reshape(-1).view(np.uint8), b.reshape(-1).view(np.uint8))
+    return (
+        a.dtype == b.dtype
+        and a.shape == b.shape
+        and np.array_equal(a.reshape(-1).view(np.uint8), b.reshape(-1).view(np.uint8))
+    )
 
 
 def test_down_matches_numpy_path_and_ml_dtypes(monkeypatch):

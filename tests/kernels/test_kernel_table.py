@@ -5,7 +5,6 @@ import os
 import subprocess
 import sys
 
-
 import everyo as eo
 from everyo import kernel_table
 

@@ -101,8 +101,12 @@ def test_gradients_through_kernels_match_finite_differences(monkeypatch, reverse
     B, T, H = 2, 4, 3
     check_gradients(
         lambda xp, h0, c0, w: tuple(lstm_scan(xp, h0, c0, w, reverse)),
-        [rng.standard_normal((B, T, 4 * H)), rng.standard_normal((B, H)), rng.standard_normal((B, H)),
-         0.5 * rng.standard_normal((H, 4 * H))],
+        [
+            rng.standard_normal((B, T, 4 * H)),
+            rng.standard_normal((B, H)),
+            rng.standard_normal((B, H)),
+            0.5 * rng.standard_normal((H, 4 * H)),
+        ],
         name="lstm_scan (kernels)",
     )
     assert calls["lstm_cell_backward"] > 0 and calls["lstm_gates_in"] > 0
@@ -115,8 +119,12 @@ def test_padded_gradients_match_finite_differences(monkeypatch):
     lengths = np.array([4, 2, 0])
     check_gradients(
         lambda xp, h0, c0, w: tuple(lstm_scan(xp, h0, c0, w, lengths=lengths)),
-        [rng.standard_normal((B, T, 4 * H)), rng.standard_normal((B, H)), rng.standard_normal((B, H)),
-         0.5 * rng.standard_normal((H, 4 * H))],
+        [
+            rng.standard_normal((B, T, 4 * H)),
+            rng.standard_normal((B, H)),
+            rng.standard_normal((B, H)),
+            0.5 * rng.standard_normal((H, 4 * H)),
+        ],
         name="lstm_scan padded (kernels)",
     )
     assert calls["lstm_cell_backward"] > 0

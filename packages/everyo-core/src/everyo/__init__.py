@@ -59,12 +59,12 @@ from everyo.errors import (  # noqa: E402
 )
 from everyo.functional import *  # noqa: E402,F401,F403
 from everyo.indexing import *  # noqa: E402,F401,F403
-from everyo.kernel_table import kernels  # noqa: E402
 from everyo.io import (  # noqa: E402
     load,
     load_torch_state_dict,
     save,
 )
+from everyo.kernel_table import kernels  # noqa: E402
 from everyo.losses import binary_cross_entropy_with_logits, cross_entropy, mse_loss  # noqa: E402
 from everyo.nn import *  # noqa: E402,F401,F403
 from everyo.optim import SGD, Adadelta, Adagrad, Adam, AdamW, NAdam, RMSprop, clip_grad_norm  # noqa: E402

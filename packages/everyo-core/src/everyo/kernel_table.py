@@ -67,6 +67,7 @@ def _discover() -> dict[str, Callable[..., Any]]:
     if setting in ("0", "false", "no", "off"):
         reason = f"disabled by {ENV_VAR}={os.environ[ENV_VAR]}"
     else:
+        import importlib
         import importlib.util
 
         try:
@@ -77,8 +78,7 @@ def _discover() -> dict[str, Callable[..., Any]]:
             reason = "not installed: pip install everyo-core[kernels]"
         else:
             try:
-                import everyo.kernels as package  # type: ignore[import-not-found,unused-ignore]
-
+                package: Any = importlib.import_module("everyo.kernels")
                 table = dict(package.TABLE)
                 reason = package.describe()
             except Exception as exc:  # a broken numba must not break the ops: they fall back to NumPy

@@ -56,6 +56,14 @@ __all__ = ["rnn_scan", "lstm_scan", "gru_scan"]
 _COMPILED_TYPES = (np.float32, np.float64)  # what everyo-kernels' LSTM kernels take
 
 
+def _compiled_gates(dt):
+    """everyo-kernels' ``(lstm_gates_in, lstm_gates_out)`` for ``dt``, or None."""
+    if dt not in _COMPILED_TYPES:
+        return None
+    gates_in, gates_out = kernel_table.get("lstm_gates_in"), kernel_table.get("lstm_gates_out")
+    return None if gates_in is None or gates_out is None else (gates_in, gates_out)
+
+
 def _sigmoid_(a):
     np.multiply(a, 0.5, out=a)
     np.tanh(a, out=a)
@@ -220,7 +228,7 @@ def lstm_scan(
     ``xp`` is (B, T, 4H), ``W_hh`` (H, 4H). Returns ``[outputs (B, T, H),
     h_last (B, H), c_last (B, H)]``. ``lengths`` (B,) marks padding.
     """
-    mul, sub, tanh, matmul = np.multiply, np.subtract, np.tanh, np.matmul
+    mul, tanh, matmul = np.multiply, np.tanh, np.matmul
     x, w = xp.data, w_hh.data
     dt = _dtype(x, h0.data, c0.data, w)
     batch, steps, four_h = x.shape
@@ -244,9 +252,9 @@ def lstm_scan(
     half = dt.type(0.5)
     ended = _ended_rows(lengths, batch, steps)
     # Compiled passes (everyo-kernels, same arithmetic) replace the elementwise passes around the tanh.
-    gates_in = kernel_table.get("lstm_gates_in") if dt in _COMPILED_TYPES else None
-    gates_out = kernel_table.get("lstm_gates_out") if gates_in is not None else None
-    if gates_out is not None:
+    compiled = _compiled_gates(dt)
+    if compiled is not None:
+        gates_in, gates_out = compiled
         x4 = np.ascontiguousarray(x4, dtype=dt)
         c = np.ascontiguousarray(c, dtype=dt)
     for t in _order(steps, reverse):
@@ -255,7 +263,7 @@ def lstm_scan(
             h_kept, c_kept = h[rows], c[rows]
         a4 = acts[t]
         matmul(h, w4, a4)
-        if gates_out is not None:
+        if compiled is not None:
             gates_in(a4, x4, t)
             tanh(a4, a4)
             gates_out(a4, c, cs[t])

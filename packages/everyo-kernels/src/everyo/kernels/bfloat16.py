@@ -24,7 +24,7 @@ _u = np.uint32
 
 
 @kernel(void(uint32[::1], uint16[::1]))
-def bfloat16_codes(bits, out):  # type: ignore[no-untyped-def]
+def bfloat16_codes(bits, out):
     """The bfloat16 codes of float32 ``bits`` (rounded as ``astype`` rounds)."""
     for n in range(bits.size):
         b = bits[n]
@@ -34,7 +34,7 @@ def bfloat16_codes(bits, out):  # type: ignore[no-untyped-def]
 
 
 @kernel(void(uint32[::1], uint32[::1]))
-def round_to_bfloat16(bits, out):  # type: ignore[no-untyped-def]
+def round_to_bfloat16(bits, out):
     """The float32 bits of the values float32 ``bits`` round to in bfloat16."""
     for n in range(bits.size):
         b = bits[n]
@@ -44,7 +44,7 @@ def round_to_bfloat16(bits, out):  # type: ignore[no-untyped-def]
 
 
 @kernel(void(uint16[::1], uint32[::1]))
-def bfloat16_to_float(codes, out):  # type: ignore[no-untyped-def]
+def bfloat16_to_float(codes, out):
     """The float32 bits of bfloat16 ``codes`` (exact, NaN payloads kept)."""
     for n in range(codes.size):
         out[n] = _u(codes[n]) << _u(16)

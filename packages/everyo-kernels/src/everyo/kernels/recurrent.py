@@ -37,7 +37,7 @@ def _signatures(*ranks):
 
 
 @kernel(_signatures(3, 4, 0))
-def lstm_gates_in(a4, x, t):  # type: ignore[no-untyped-def]
+def lstm_gates_in(a4, x, t):
     """Before the step's ``tanh``: ``a4`` (4, B, H) holds ``h @ W_hh`` per gate;
     adds step ``t`` of the input projection ``x`` (B, T, 4, H) and halves the
     sigmoid gates (i, f, o), in place."""
@@ -55,7 +55,7 @@ def lstm_gates_in(a4, x, t):  # type: ignore[no-untyped-def]
 
 
 @kernel(_signatures(3, 2, 2))
-def lstm_gates_out(a4, c, c_out):  # type: ignore[no-untyped-def]
+def lstm_gates_out(a4, c, c_out):
     """After ``np.tanh(a4)``: finishes the sigmoids (``0.5 + 0.5 tanh``) and
     writes the new cell state ``f * c + i * g`` into ``c_out``."""
     half = _f(0.5)
@@ -72,7 +72,7 @@ def lstm_gates_out(a4, c, c_out):  # type: ignore[no-untyped-def]
 
 
 @kernel(_signatures(3, 2, 2, 2, 2, 3))
-def lstm_cell_backward(a4, tc, c_prev, dh, dc, d_step):  # type: ignore[no-untyped-def]
+def lstm_cell_backward(a4, tc, c_prev, dh, dc, d_step):
     """One backward step. ``a4`` (4, B, H): the step's activated gates;
     ``tc`` (B, H): tanh of its cell state; ``c_prev``: the state before it;
     ``dh`` (B, H): the gradient of its hidden state; ``dc`` (B, H): of its cell
