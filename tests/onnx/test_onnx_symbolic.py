@@ -132,18 +132,18 @@ class Table(eo.Module):
 
 
 def test_a_buffer_indexed_by_an_input_is_never_folded(tmp_path):
-    # Every axis static and every example id the same: before, the rows were computed outside the graph.
+    # Every axis static and every example id the same: before, the rows were computed outside the
+    # graph, verify=True passed and the file was wrong for every other id.
     path = tmp_path / "m.onnx"
+    model = Table()
     ids = np.full((2, 4), 3, np.int64)
-    tracer = _trace(Table(), ids)
+    tracer = _trace(model, ids)
     (node,) = [n for n in tracer.nodes if n.op == "getitem"]
-    assert [v.name for v in node.deps] == ["input"]  # recorded with the index as a dependency
-    try:
-        eo.export_onnx(Table(), path, example_input=ids, dynamic_axes={}, verify=True)
-    except EveryOSerializationError as exc:  # no rule for array indexing yet: refused, never a wrong file
-        assert "getitem" in str(exc) and THIS_FILE in str(exc) and not path.exists()
-        return
-    agrees(Table(), path, [(RNG.integers(0, 10, (2, 4)),) for _ in range(3)])
+    assert [v.name for v in node.deps] == ["input"]  # recorded, with the index as a dependency
+    eo.export_onnx(model, path, example_input=ids, dynamic_axes={}, verify=True)
+    gathers = [n for n in onnx.load(str(path)).graph.node if n.op_type.startswith("Gather")]
+    assert gathers and "input" in [i for n in gathers for i in n.input]
+    agrees(model, path, [(RNG.integers(0, 10, (2, 4)),) for _ in range(3)] + [(np.arange(8).reshape(2, 4),)])
 
 
 def _trace(model, *arrays):
@@ -179,3 +179,31 @@ def test_traced_sizes_are_ints_with_their_origin():
     b, t, expr, neg = seen[0]
     assert type(b) is int and b == 2  # not a dynamic axis: a plain int
     assert isinstance(t, SymInt) and t == 5 and expr == 3 and neg == 3
+
+
+def test_verify_also_compares_a_fresh_random_input_run_by_everyo(tmp_path, monkeypatch):
+    import everyo.onnx.verify as verify
+
+    seen = []
+    real = verify.report
+    monkeypatch.setattr(verify, "report", lambda data, keep: seen.extend(real(data, keep)) or seen)
+    model = Table()
+    eo.export_onnx(model, tmp_path / "m.onnx", example_input=np.full((2, 4), 3, np.int64), verify=True)
+    fresh = [r for r in seen if "fresh random input" in r["run"]]
+    assert fresh and all(r["ok"] for r in fresh)
+
+
+class ThroughNumPy(eo.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("table", eo.tensor(RNG.standard_normal((10, 3)).astype(np.float32)))
+
+    def forward(self, ids):
+        return eo.tensor(self.table.data[ids.data])  # rows picked by NumPy: invisible to the trace
+
+
+def test_a_value_computed_outside_the_graph_is_caught_with_equal_example_ids(tmp_path):
+    path = tmp_path / "m.onnx"
+    with pytest.raises(EveryOSerializationError, match="same sizes .* with different data .*x.data"):
+        eo.export_onnx(ThroughNumPy(), path, example_input=np.full((2, 4), 3, np.int64), dynamic_axes={})
+    assert not path.exists()

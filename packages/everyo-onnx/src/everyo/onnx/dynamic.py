@@ -103,7 +103,9 @@ def _sizes(axes, input_names, arrays):
 def integer_ranges(tracer):
     """``{input name: (low, high)}``, inclusive, for every integer input: the
     rows it can index where the trace shows it used as an index (an embedding's
-    ids, ``table[ids]``), else the span of the example's values."""
+    ids, ``table[ids]``), else from 0 (or the example's minimum, if negative)
+    to the example's maximum: ids below a valid id are valid, and an example
+    of equal ids still gets varied ones."""
     ranges = {}
     for value in tracer.inputs:
         a = value.data
@@ -112,7 +114,7 @@ def integer_ranges(tracer):
         bounds = [
             n for n in (_indexed_size(node, position, value) for node, position in tracer.consumers_of(value)) if n
         ]
-        ranges[value.name] = (0, min(bounds) - 1) if bounds else (int(a.min()), int(a.max()))
+        ranges[value.name] = (0, min(bounds) - 1) if bounds else (min(0, int(a.min())), int(a.max()))
     return ranges
 
 
@@ -257,11 +259,19 @@ def same_graph(g, g2, arrays, arrays2):
                         f"{v.tolist() if small else v.shape}"
                     )
                     break
+            if [x.shape for x in arrays] == [y.shape for y in arrays2]:
+                raise EveryOSerializationError(
+                    f"cannot export: {where} translates differently for two inputs of the same sizes "
+                    f"{[x.shape for x in arrays]} with different data ({a.op_type} node {a.name}{detail}): a value "
+                    f"computed from the input's data outside EveryO ops (x.data, NumPy, .tolist()) is baked into "
+                    f"it. Compute it with EveryO ops. Nothing was written"
+                )
             raise EveryOSerializationError(
                 f"cannot export with these dynamic axes: {where} translates differently at input sizes "
-                f"{_sizes_text(arrays, arrays2)} ({a.op_type} node {a.name}{detail}): a size taken from x.shape "
-                f"(or a value computed outside EveryO ops) is baked into it. Use -1 in reshapes or leave that "
-                f"axis out of dynamic_axes. Nothing was written"
+                f"{_sizes_text(arrays, arrays2)} ({a.op_type} node {a.name}{detail}): a size taken from the traced "
+                f"arrays (x.data.shape, len(x), a Python int) or a value computed outside EveryO ops is baked into "
+                f"it. Take sizes from x.shape (the graph follows them), use -1 in reshapes, or leave that axis out of "
+                f"dynamic_axes. Nothing was written"
             )
     if len(g.nodes) != len(g2.nodes):
         raise EveryOSerializationError(

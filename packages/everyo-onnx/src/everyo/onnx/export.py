@@ -204,7 +204,7 @@ def _translate(tracer, outputs, partner, opset, output_names):
     for name in output_names:  # so that no generated name can take a graph output's name
         t.g.reserve(name)
     g = t.run(RULES)
-    final = [t.name(tracer.values[id(o)]) for o in outputs]
+    final = [t.name(tracer.value_of(o)) for o in outputs]  # an output never recorded is a constant
     cancel_transposes(g, final)
     final = identity_outputs(g, output_names, final)
     eliminate_dead(g, final)
@@ -274,8 +274,8 @@ def build_model(
     g2 = _translate(second, outputs2, first, opset, output_names)
     dynamic.same_graph(g, g2, arrays, arrays2)
 
-    out_values = [first.values[id(o)] for o in outputs]
-    out_values2 = [second.values[id(o)] for o in outputs2]
+    out_values = [first.value_of(o) for o in outputs]
+    out_values2 = [second.value_of(o) for o in outputs2]
     in_dims = [dynamic.dims(a.shape, axes.get(n, {})) for n, a in zip(input_names, arrays)]
     out_dims = [
         dynamic.output_dims(v.shape, v2.shape, name, axes, input_names, arrays, arrays2)

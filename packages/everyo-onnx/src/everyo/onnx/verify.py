@@ -106,7 +106,7 @@ def report(model_bytes, keep):
 
     final = keep["output_names"]
     recorded = [np.asarray(t.data) for t in keep["outputs"]]
-    sources = [keep["trace"].values[id(t)].node for t in keep["outputs"]]
+    sources = [keep["trace"].value_of(t).node for t in keep["outputs"]]
     exposed = proto.SerializeToString()
     names, arrays, origins = (
         [r[0] for r in rows] + final,
