@@ -38,6 +38,9 @@ LAZY_NAMES = {
     "export_onnx": "everyo.onnx",
     "run_onnx": "everyo.onnx",
     "onnx_available": "everyo.onnx",
+    "amp": "everyo.amp",
+    "onnx": "everyo.onnx",
+    "distributed": "everyo.distributed",
 }
 
 # Modules that importing core must never pull in.

@@ -97,9 +97,11 @@ def assert_traced_agrees(model, make_inputs, path, *, sizes, dynamic_axes=None, 
     for size in sizes:
         inputs = _tuple(make_inputs(*size))
         with eo.no_grad():
-            expected = [np.asarray(t.data) for t in _flat(model(*[eo.tensor(a) for a in inputs]))]
-        actual = eo.run_onnx(path, *inputs)
-        actual = actual if isinstance(actual, list) else [actual]
+            result = model(*[eo.tensor(a) for a in inputs])
+        expected = [np.asarray(t.data) for t in _flat(result)]
+        returned = eo.run_onnx(path, *inputs)
+        assert _skeleton(returned) == _skeleton(result)  # run_onnx returns forward()'s nesting
+        actual = _flat(returned)
         assert len(actual) == len(expected)
         for k, (a, e) in enumerate(zip(actual, expected)):
             assert a.shape == e.shape, (size, k, a.shape, e.shape)
@@ -108,6 +110,22 @@ def assert_traced_agrees(model, make_inputs, path, *, sizes, dynamic_axes=None, 
 
 
 def _flat(result):
-    if isinstance(result, eo.Tensor):
+    """The Tensors or arrays of a (nested) result, in order: dicts by sorted key, None left out."""
+    if isinstance(result, (eo.Tensor, np.ndarray)):
         return [result]
+    if result is None:
+        return []
+    if isinstance(result, dict):
+        return [t for k in sorted(result) for t in _flat(result[k])]
     return [t for item in result for t in _flat(item)]
+
+
+def _skeleton(result):
+    """The nesting of a result with its leaves (Tensors or arrays) as 'T'."""
+    if isinstance(result, (eo.Tensor, np.ndarray)):
+        return "T"
+    if isinstance(result, dict):
+        return {k: _skeleton(v) for k, v in result.items()}
+    if isinstance(result, (tuple, list)):
+        return type(result)(_skeleton(v) for v in result)
+    return result

@@ -280,7 +280,7 @@ def test_refusal_leaves_an_existing_file_untouched(tmp_path):
         (dict(input_shape=(1, 4), output_name="input"), "must differ"),
         (dict(input_shape=(1, 4), output_name=""), "output_names"),
         (dict(input_shape=(1, 4), output_names=["a", "b"]), "returns 1 outputs"),
-        (dict(input_shape=(1, 4), input_names=["a", "b"]), "2 names for 1 example inputs"),
+        (dict(input_shape=(1, 4), input_names=["a", "b"]), "2 names for 1 example input tensors"),
         (dict(input_shape=(1, 4), dynamic_axes={"input": {2: "x"}}), "axis 2, but that input has rank 2"),
         (dict(input_shape=(1, 4), dynamic_axes={"inptu": {0: "batch"}}), r"\['inptu'\], which are not inputs"),
         (dict(input_shape=(1, 4), opset=12), "opset must be an integer from 13"),

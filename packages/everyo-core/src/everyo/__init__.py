@@ -170,6 +170,10 @@ _ADDON_NAMES = {
     "run_onnx": ("everyo.onnx", "onnx"),
     "onnx_available": ("everyo.onnx", "onnx"),
     "verify_onnx": ("everyo.onnx", "onnx"),
+    # the add-ons' namespaces themselves: ``eo.onnx.compile`` right after ``import everyo as eo``
+    "amp": ("everyo.amp", "amp"),
+    "onnx": ("everyo.onnx", "onnx"),
+    "distributed": ("everyo.distributed", "distributed"),
 }
 
 
@@ -189,7 +193,7 @@ def __getattr__(name: str) -> object:
             f"eo.{name} needs the {module_name} add-on, which is not installed. "
             f"Install it with: pip install everyo-core[{extra}]"
         ) from exc
-    value = getattr(module, name)
+    value = module if module_name == f"everyo.{name}" else getattr(module, name)
     globals()[name] = value
     return value
 

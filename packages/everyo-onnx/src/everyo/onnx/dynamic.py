@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from everyo.errors import EveryOSerializationError
+from everyo.onnx import nesting
 from everyo.tensor import Tensor
 
 
@@ -58,7 +59,7 @@ def example_arrays(input_shape, example_input):
             )
         shape = (1 if shape[0] is None else shape[0],) + shape[1:]
         return [np.random.default_rng(0).standard_normal(shape).astype(np.float32)]
-    items = list(example_input) if isinstance(example_input, tuple) else [example_input]
+    items, _ = nesting.example_inputs(example_input)  # nested tuples/lists/dicts flattened, never stacked
     return [_as_array(x, k) for k, x in enumerate(items)]
 
 

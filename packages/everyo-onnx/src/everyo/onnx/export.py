@@ -17,7 +17,7 @@ import everyo
 from everyo.errors import EveryOSerializationError
 from everyo.io import atomic_write
 from everyo.nn import Module
-from everyo.onnx import dynamic
+from everyo.onnx import dynamic, nesting
 from everyo.onnx.graph import onnx_type
 from everyo.onnx.guards import GUARDS_KEY, make_guards
 from everyo.onnx.optimize import cancel_transposes, eliminate_dead, identity_outputs
@@ -138,9 +138,9 @@ def _wrap_model_error(exc, model, arrays, when):
     return new
 
 
-def _run_trace(model, arrays, input_names, names, when, axes, tracer=None):
+def _run_trace(model, arrays, input_names, names, when, axes, tracer=None, spec=None):
     try:
-        return trace(model, arrays, input_names, names, axes, tracer=tracer)
+        return trace(model, arrays, input_names, names, axes, tracer=tracer, spec=spec)
     except (EveryOSerializationError, GuardFailed):
         raise  # the tracer's own refusals already say what and where
     except Exception as exc:
@@ -153,7 +153,7 @@ _CHECK_TRACE = (
 )
 
 
-def _check_trace(model, first, arrays, input_names, names, axes):
+def _check_trace(model, first, arrays, input_names, names, axes, spec=None):
     """The second trace, at other sizes: every dynamic axis one larger, or,
     when that breaks one of the model's asserts on sizes, one smaller. Python
     decisions on changing sizes are refused here (naming their line) before
@@ -164,7 +164,9 @@ def _check_trace(model, first, arrays, input_names, names, axes):
         arrays2 = dynamic.second_example(arrays, axes, input_names, ranges, shrink=shrink)
         second = Tracer(names, check=True)
         try:
-            _, outputs2 = _run_trace(model, arrays2, input_names, names, _CHECK_TRACE.format(axes=axes), axes, second)
+            _, outputs2 = _run_trace(
+                model, arrays2, input_names, names, _CHECK_TRACE.format(axes=axes), axes, second, spec
+            )
         except GuardFailed as exc:
             dynamic.same_decisions(first, second, arrays, arrays2)
             failed = exc
@@ -239,14 +241,23 @@ def build_model(
         raise TypeError(f"export_onnx expects an EveryO Module, got {type(model).__name__}")
     opset = _check_opset(onnx, opset)
     arrays = dynamic.example_arrays(input_shape, example_input)
+    in_spec = None if example_input is None else nesting.example_inputs(example_input)[1]
     input_names = _as_list(input_names, input_name, "input_names") or _default_names("input", len(arrays))
     if len(input_names) != len(arrays):
-        raise ValueError(f"input_names has {len(input_names)} names for {len(arrays)} example inputs")
+        nested = (
+            ""
+            if in_spec is None
+            else f" (example_input is {nesting.describe(in_spec)}, T a tensor, flattened in order)"
+        )
+        raise ValueError(
+            f"input_names has {len(input_names)} names for {len(arrays)} example input tensors{nested}; give one "
+            f"name per tensor, in order, or leave input_names out for generated names"
+        )
     _check_model(model)
     names = _parameter_names(model)
     axes = dynamic.normalize_axes(dynamic_axes, input_names, arrays)
 
-    first, outputs = _run_trace(model, arrays, input_names, names, "", axes)
+    first, outputs = _run_trace(model, arrays, input_names, names, "", axes, spec=in_spec)
     changed = first.changed_in_place()
     if changed is not None:
         value, user = changed
@@ -267,7 +278,7 @@ def build_model(
     if unknown:
         raise ValueError(f"dynamic_axes names {unknown}, which are not inputs {input_names} or outputs {output_names}")
 
-    second, outputs2, arrays2, decisions = _check_trace(model, first, arrays, input_names, names, axes)
+    second, outputs2, arrays2, decisions = _check_trace(model, first, arrays, input_names, names, axes, in_spec)
     guards = make_guards(decisions, _axis_namer(first, second, axes, input_names, arrays, arrays2))
     dynamic.same_ops(first, second, arrays, arrays2)
     g = _translate(first, outputs, second, opset, output_names)
@@ -305,8 +316,14 @@ def build_model(
         doc_string=f"Exported by everyo.onnx from {type(model).__name__} (traced)."
         + "".join(f"\nGuard: {g.text} (assert at {g.line})" for g in guards),
     )
+    # The nesting of forward()'s arguments and result, for run_onnx and compile (everyo.onnx.nesting).
+    props = {
+        nesting.INPUTS_KEY: nesting.to_json(in_spec or {"tuple": [nesting.LEAF]}),
+        nesting.OUTPUTS_KEY: nesting.to_json(first.output_spec),
+    }
     if guards:
-        helper.set_model_props(proto, {GUARDS_KEY: json.dumps([g.as_dict() for g in guards])})
+        props[GUARDS_KEY] = json.dumps([g.as_dict() for g in guards])
+    helper.set_model_props(proto, props)
     try:
         onnx.checker.check_model(proto, full_check=True)
     except onnx.checker.ValidationError as exc:
@@ -322,6 +339,7 @@ def build_model(
             arrays2=arrays2,
             ranges=dynamic.integer_ranges(first),
             guards=guards,
+            input_spec=in_spec,
             input_names=input_names,
             output_names=output_names,
         )
@@ -349,12 +367,20 @@ def export_onnx(
         path: file to write, atomically: a failed or refused export leaves no
             file, and an existing file stays as it was.
         input_shape: ``(batch, ...)``; a float32 example is made from it.
-        example_input: an array or Tensor, or a tuple of them for several
-            inputs (integer token ids and boolean masks included).
-        input_names: the graph's input names (``input_name`` for one input still
-            works). Default ``input``, or ``input0``, ``input1`` ... when there are several.
-        output_names: the graph's output names (``output_name`` for one output
-            still works). Default ``output``, or ``output0``, ``output1`` ...
+        example_input: an array or Tensor, or a tuple of ``forward()``'s
+            arguments (integer token ids and boolean masks included), nested as
+            ``forward`` takes them: ``(ids, (h0, c0))`` is three graph inputs,
+            flattened in order (dicts by sorted key); nothing is stacked.
+        input_names: the graph's input names, one per flattened tensor
+            (``input_name`` for one input still works). Default ``input``, or
+            ``input0``, ``input1`` ... when there are several.
+        output_names: the graph's output names, one per tensor of the result
+            flattened the same way (``output_name`` for one output still
+            works). Default ``output``, or ``output0``, ``output1`` ... A
+            ``None`` in the result (nanoGPT's ``(logits, None)``) is not a
+            graph output: it is dropped, and its place is kept with the rest
+            of the nesting in the file's metadata (``everyo.outputs``), so
+            ``run_onnx`` and ``compile`` return ``(logits, None)`` again.
         dynamic_axes: ``{"input": {0: "batch", 1: "seq"}}`` (or a list of
             axes); default: axis 0 of every input is ``batch``. Checked by a
             second trace at other sizes.
@@ -400,7 +426,7 @@ def export_onnx(
         # even at the check trace's sizes; fresh random inputs of the example's sizes, run by EveryO
         # itself, catch it.
         keep["arrays3"] = dynamic.third_example(keep["arrays"], keep["input_names"], keep["ranges"])
-        keep["outputs3"] = eager_outputs(model, keep["arrays3"])
+        keep["outputs3"] = eager_outputs(model, keep["arrays3"], keep["input_spec"])
 
         check_agreement(data, keep)  # raises before anything is written
     atomic_write(path, lambda f: f.write(data))

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import os
+import threading
+from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 if TYPE_CHECKING:
-    from everyo._typing import Array, TensorLike
+    from everyo._typing import Array
 
 INSTALL_HINT = "Install it with: pip install everyo-core[onnx]"
 
@@ -48,43 +50,98 @@ _NUMPY_OF = {
 }
 
 
+def _feed(spec, x):
+    """``x`` as the array a graph input of type ``spec.type`` takes: floating
+    input cast to float32, integers to the input's integer type, booleans kept."""
+    array = np.asarray(getattr(x, "data", x))
+    want = _NUMPY_OF.get(spec.type)
+    if want is np.float32 and np.issubdtype(array.dtype, np.floating):
+        array = array.astype(np.float32, copy=False)
+    elif want is not None and array.dtype.kind in "iu" and np.dtype(want).kind == "i":
+        array = array.astype(want, copy=False)
+    return array
+
+
+def feeds(graph_inputs, leaves, who):
+    """``{name: array}`` for a session's inputs from the flat ``leaves``."""
+    if len(leaves) != len(graph_inputs):
+        raise ValueError(
+            f"{who} takes {len(graph_inputs)} input(s) {[i.name for i in graph_inputs]}, got {len(leaves)}"
+        )
+    return {spec.name: _feed(spec, x) for spec, x in zip(graph_inputs, leaves)}
+
+
+def nesting_of(session):
+    """The ``(inputs, outputs)`` nesting specs recorded in a session's file
+    (:mod:`everyo.onnx.nesting`), or ``None`` each for files without them."""
+    from everyo.onnx import nesting
+
+    meta = session.get_modelmeta().custom_metadata_map
+    return nesting.from_json(meta.get(nesting.INPUTS_KEY)), nesting.from_json(meta.get(nesting.OUTPUTS_KEY))
+
+
+# Sessions run_onnx made, by absolute path: (file identity, session). A file
+# is identified by (mtime_ns, size, inode): a rewrite (export_onnx replaces
+# the file atomically, so the inode changes) makes a new session.
+_SESSIONS: OrderedDict[str, tuple[tuple[int, int, int], Any]] = OrderedDict()
+_SESSIONS_KEPT = 8
+_SESSIONS_LOCK = threading.Lock()
+
+
+def _session(ort, path):
+    st = os.stat(path)
+    key, identity = os.path.abspath(path), (st.st_mtime_ns, st.st_size, st.st_ino)
+    with _SESSIONS_LOCK:
+        entry = _SESSIONS.get(key)
+        if entry is not None and entry[0] == identity:
+            _SESSIONS.move_to_end(key)
+            return entry[1]
+    session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    with _SESSIONS_LOCK:
+        _SESSIONS[key] = (identity, session)
+        _SESSIONS.move_to_end(key)
+        while len(_SESSIONS) > _SESSIONS_KEPT:
+            _SESSIONS.popitem(last=False)
+    return session
+
+
 # One output: an array; several: a list of arrays. "| Any" (typeshed's way for a
 # result only the file decides) so that callers need not narrow the union.
-def run_onnx(path: str | os.PathLike[str], *inputs: TensorLike) -> Array | Any:
+def run_onnx(path: str | os.PathLike[str], *inputs: Any) -> Array | Any:
     """Run the ONNX file at ``path`` on ``inputs`` with ONNX Runtime (CPU).
 
     Args:
         path: the file.
-        *inputs: one array or Tensor per graph input, in the graph's order.
-            Floating input is cast to a float graph input's float32; integer
-            and boolean inputs are passed as they are (token ids stay integers).
+        *inputs: ``forward()``'s arguments, nested as the model was exported
+            (``run_onnx(path, ids, (h0, c0))``), or one array or Tensor per
+            graph input in the graph's order. Floating input is cast to a
+            float graph input's float32; integer and boolean inputs are passed
+            as they are (token ids stay integers).
 
-    Returns the output as a NumPy array, or a list of arrays if the graph has
-    several outputs.
+    Returns what the model's ``forward`` returned, as NumPy arrays nested the
+    same way (for files exported by EveryO, which record the nesting: a
+    ``None`` output comes back as ``None``, a dict as a dict); for other
+    files, the output array, or a list of arrays if the graph has several.
+
+    The session is made once per file and reused while the file is
+    unchanged (same modification time, size and inode); the 8 most recently
+    used are kept.
 
     Example (reads exported files, so not run as a doctest)::
 
         logits = eo.run_onnx("model.onnx", batch)
-        tokens_out, state = eo.run_onnx("lm.onnx", ids, mask)
+        log_probs, (h, c) = eo.run_onnx("lm.onnx", ids, (h0, c0))
     """
+    from everyo.onnx import nesting
+
     ort = import_runtime()
     path = os.fspath(path)
     if not os.path.isfile(path):
         raise FileNotFoundError(f"run_onnx: no ONNX file at {path!r}")
-    session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
-    graph_inputs = session.get_inputs()
-    if len(inputs) != len(graph_inputs):
-        raise ValueError(
-            f"run_onnx: {path!r} takes {len(graph_inputs)} input(s) {[i.name for i in graph_inputs]}, got {len(inputs)}"
-        )
-    feeds = {}
-    for spec, x in zip(graph_inputs, inputs):
-        array = np.asarray(getattr(x, "data", x))
-        want = _NUMPY_OF.get(spec.type)
-        if want is np.float32 and np.issubdtype(array.dtype, np.floating):
-            array = array.astype(np.float32, copy=False)
-        elif want is not None and array.dtype.kind in "iu" and np.dtype(want).kind == "i":
-            array = array.astype(want, copy=False)
-        feeds[spec.name] = array
-    outputs = session.run(None, feeds)
+    session = _session(ort, path)
+    in_spec, out_spec = nesting_of(session)
+    leaves = list(inputs) if in_spec is None else nesting.call_inputs(in_spec, inputs, f"run_onnx({path!r})")
+    outputs = session.run(None, feeds(session.get_inputs(), leaves, f"run_onnx: {path!r}"))
+    if out_spec is not None:
+        return nesting.unflatten(out_spec, iter(outputs))
     return outputs[0] if len(outputs) == 1 else outputs

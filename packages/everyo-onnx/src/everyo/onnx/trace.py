@@ -28,7 +28,7 @@ import numpy as np
 import everyo
 from everyo import dispatch
 from everyo.errors import EveryOSerializationError
-from everyo.onnx import symbolic
+from everyo.onnx import nesting, symbolic
 from everyo.onnx.symbolic import SymInt
 from everyo.tensor import Tensor
 
@@ -141,6 +141,7 @@ class Tracer:
         self.inputs = []  # Values, in the model's argument order
         self.consumers = {}  # id(Value) -> [(node, position)]
         self.decisions = []  # Decision, in the order the code took them
+        self.output_spec = None  # the nesting of forward()'s result (everyo.onnx.nesting)
 
     # --- building ----------------------------------------------------------------
     def add_input(self, tensor, name, axes=None):
@@ -243,16 +244,20 @@ class Tracer:
         return self.consumers.get(id(value), [])
 
 
-def trace(model, inputs, input_names, names, axes=None, tracer=None):
-    """Run ``model(*inputs)`` under a fresh tracer, in eval mode, with autograd
-    and any autocast policy off. Returns ``(tracer, outputs)`` where outputs is
-    the flat list of output Tensors. The model's modes are restored.
+def trace(model, inputs, input_names, names, axes=None, tracer=None, spec=None):
+    """Run ``model(*args)`` under a fresh tracer, in eval mode, with autograd
+    and any autocast policy off; ``args`` are the flat ``inputs`` nested as
+    ``spec`` says (:mod:`everyo.onnx.nesting`; default: one argument each).
+    Returns ``(tracer, outputs)`` where outputs is the flat list of output
+    Tensors (``tracer.output_spec`` holds their nesting). The model's modes
+    are restored.
 
     ``axes`` is ``{input name: {axis: dim name}}`` (the dynamic axes; an
     input's other axes keep plain int sizes); ``tracer`` a fresh Tracer to use
     (the caller keeps what it recorded even when the forward pass raises)."""
     tracer = Tracer(names) if tracer is None else tracer
     tensors = [x if isinstance(x, Tensor) else Tensor(x) for x in inputs]
+    args = tuple(tensors) if spec is None else nesting.unflatten(spec, iter(tensors))
     for t, name in zip(tensors, input_names):
         tracer.add_input(t, name, None if axes is None else axes.get(name, {}))
     modes = [(m, m.training) for m in model.modules()]
@@ -261,7 +266,7 @@ def trace(model, inputs, input_names, names, axes=None, tracer=None):
     tracer_token = dispatch.set_tracer(tracer)
     try:
         with everyo.no_grad():
-            result = model(*tensors)
+            result = model(*args)
     finally:
         dispatch.reset_tracer(tracer_token)
         dispatch.reset_policy(policy_token)
@@ -269,32 +274,24 @@ def trace(model, inputs, input_names, names, axes=None, tracer=None):
             symbolic.detach(value.tensor)
         for m, mode in modes:
             object.__setattr__(m, "training", mode)
-    return tracer, flatten_outputs(result)
+    outputs, tracer.output_spec = nesting.outputs(result)
+    return tracer, outputs
 
 
-def eager_outputs(model, inputs):
-    """``model(*inputs)`` run by EveryO itself (no tracer), in eval mode with
-    autograd and autocast off, as the flat list of output arrays; modes restored."""
+def eager_outputs(model, inputs, spec=None):
+    """``model(*args)`` run by EveryO itself (no tracer), in eval mode with
+    autograd and autocast off, as the flat list of output arrays; modes
+    restored. ``args`` are the flat ``inputs`` nested as ``spec`` says."""
     modes = [(m, m.training) for m in model.modules()]
     model.eval()
     policy_token = dispatch.set_policy(None)
+    tensors = [Tensor(x) for x in inputs]
+    args = tuple(tensors) if spec is None else nesting.unflatten(spec, iter(tensors))
     try:
         with everyo.no_grad():
-            result = model(*[Tensor(x) for x in inputs])
+            result = model(*args)
     finally:
         dispatch.reset_policy(policy_token)
         for m, mode in modes:
             object.__setattr__(m, "training", mode)
-    return [np.asarray(t.data) for t in flatten_outputs(result)]
-
-
-def flatten_outputs(result):
-    """A model's return value (a Tensor, or nested tuples/lists of them) as a flat list."""
-    if isinstance(result, Tensor):
-        return [result]
-    if isinstance(result, (tuple, list)):
-        return [t for item in result for t in flatten_outputs(item)]
-    raise EveryOSerializationError(
-        f"cannot export: forward() returned a {type(result).__name__}; the exporter needs a Tensor or "
-        f"a (nested) tuple or list of Tensors"
-    )
+    return [np.asarray(t.data) for t in nesting.outputs(result)[0]]
