@@ -42,6 +42,7 @@ __all__ = [
     "swapaxes",
     "view",
     "view_as",
+    "contiguous",
     "eq",
     "ne",
     "lt",
@@ -159,6 +160,18 @@ def view_as(x: TensorLike, other: TensorLike) -> Tensor:
     return reshape(_t(x), np.shape(other.data if isinstance(other, Tensor) else other))
 
 
+def contiguous(x: TensorLike) -> Tensor:
+    """``x`` itself: PyTorch's ``contiguous()`` before a ``view``, which EveryO
+    never needs (:func:`view` copies when the memory layout requires it).
+
+    Examples:
+        >>> x = eo.zeros(2, 3)
+        >>> x.contiguous() is x
+        True
+    """
+    return _t(x)
+
+
 def multinomial(
     input: TensorLike,
     num_samples: int,
@@ -240,5 +253,19 @@ def layer_norm(
     return out if bias is None else out + bias
 
 
-for _name in ("split", "chunk", "permute", "swapaxes", "view", "view_as", "eq", "ne", "lt", "le", "gt", "ge"):
+for _name in (
+    "split",
+    "chunk",
+    "permute",
+    "swapaxes",
+    "view",
+    "view_as",
+    "contiguous",
+    "eq",
+    "ne",
+    "lt",
+    "le",
+    "gt",
+    "ge",
+):
     setattr(Tensor, _name, globals()[_name])
