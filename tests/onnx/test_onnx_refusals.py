@@ -331,3 +331,37 @@ def test_export_writes_a_complete_file_and_returns_the_path(tmp_path):
     assert os.listdir(tmp_path) == ["m.onnx"]
     x = np.ones((2, 4), np.float32)
     assert eo.run_onnx(path, x).shape == (2, 2)
+
+
+class WrongWidth(eo.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = eo.Linear(5, 2, seed=0)
+
+    def forward(self, x):
+        return self.lin(x) * 2  # x has 4 features, the layer takes 5
+
+
+def test_an_error_raised_while_tracing_names_the_users_line(tmp_path):
+    line = line_of(WrongWidth.forward, "self.lin(x)")
+    refused(
+        WrongWidth(),
+        str(tmp_path / "m.onnx"),
+        "while tracing WrongWidth",
+        f"raised from .*{THIS_FILE}:{line} in forward",
+        "last dimension",
+        error=EveryOShapeError,
+    )
+
+
+def test_a_graph_the_checker_rejects_names_the_op_and_line(tmp_path, monkeypatch):
+    from everyo.onnx import rules
+
+    def broken(t, node):  # a rule that writes an ONNX node with an attribute Tanh does not have
+        t.set(node.outputs[0], t.g.node("Tanh", [t.name(node.inputs[0])], alpha=1.0))
+
+    monkeypatch.setitem(rules.RULES, "tanh", broken)
+    line = line_of(Activation.forward, "eo.tanh")
+    refused(
+        Activation(), str(tmp_path / "m.onnx"), "failed onnx.checker at the node for op 'tanh'", f"{THIS_FILE}:{line}"
+    )

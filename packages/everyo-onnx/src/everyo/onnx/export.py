@@ -128,9 +128,29 @@ def _check_opset(onnx, opset):
     return opset
 
 
+def _user_frame(tb):
+    """``file:line in function`` of the innermost frame of ``tb`` in the user's
+    code (not everyo's, not an installed package's or the standard library's)."""
+    import os
+    import sys
+    import traceback
+
+    from everyo.onnx.trace import _LIBRARY_DIRS
+
+    installed = tuple({os.path.normcase(os.path.abspath(p)) + os.sep for p in (sys.prefix, sys.base_prefix)})
+    found = None
+    for frame, line in traceback.walk_tb(tb):
+        filename = os.path.normcase(os.path.abspath(frame.f_code.co_filename))
+        if not filename.startswith(_LIBRARY_DIRS + installed) and not filename.startswith("<"):
+            found = f"{frame.f_code.co_filename}:{line} in {frame.f_code.co_name}"
+    return found
+
+
 def _wrap_model_error(exc, model, arrays, when):
     shapes = ", ".join(f"{a.shape} {a.dtype}" for a in arrays)
-    message = f"while tracing {type(model).__name__} {when} on input(s) {shapes}: {exc}"
+    where = _user_frame(exc.__traceback__)
+    at = f" (raised from {where})" if where else ""
+    message = f"while tracing {type(model).__name__} {when} on input(s) {shapes}{at}: {exc}"
     try:
         new = type(exc)(message)
     except Exception:
@@ -327,7 +347,13 @@ def build_model(
     try:
         onnx.checker.check_model(proto, full_check=True)
     except onnx.checker.ValidationError as exc:
-        raise EveryOSerializationError(f"the exported graph failed onnx.checker ({exc}); nothing was written") from exc
+        named = [(len(n.name), k) for k, n in enumerate(g.nodes) if n.name and n.name in str(exc)]
+        origin = g.origins[max(named)[1]] if named else None
+        where = f" at the node for {origin.describe()}" if origin is not None else ""
+        raise EveryOSerializationError(
+            f"the exported graph failed onnx.checker{where} ({exc}): an exporter bug, please report it with the "
+            f"model; exporting with an older opset= may avoid it. Nothing was written"
+        ) from exc
     if _keep is not None:
         _keep.update(
             graph=g,

@@ -177,7 +177,8 @@ class Translator:
             if rule is None:
                 raise self.refuse(
                     f"there is no ONNX translation rule for '{node.op}' (the exporter translates: "
-                    f"{', '.join(sorted(rules))})"
+                    f"{', '.join(sorted(rules))}); compute it with those ops, or register a rule for it "
+                    f"(everyo.onnx.registry.rule)"
                 )
             rule(self, node)
             missing = [v for v in node.outputs if id(v) not in self.g.names]
