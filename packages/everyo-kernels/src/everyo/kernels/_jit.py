@@ -9,15 +9,17 @@
   from vectorising the loops.
 - ``boundscheck=False`` and no ``fastmath``: the arithmetic is IEEE, operation
   by operation, in the order written (no FMA contraction, no reassociation),
-  which is what makes a kernel bit-identical to NumPy's passes. Only
-  :mod:`everyo.kernels._math` allows contraction, inside the ``tanh`` it
-  documents.
+  which is what makes a kernel bit-identical to NumPy's passes.
 - ``parallel=False``: one thread; the arrays of a cell step are small (32 x
   512 values) and the steps are sequential.
 
-Kernels are compiled for explicit signatures, at import, so that loading from
-the cache (or compiling) happens when core discovers the package, not in the
-middle of a training step.
+Kernels compile (or load from the cache) at their first call, for the types
+and layouts they are called with: core calls each with C-contiguous arrays of
+one dtype, so each kernel is compiled once per dtype it meets (float32 in
+training; float64 under the gradient checker). Compiling every kernel for
+every type at import took 8 s on a cold cache (0.3 s warm, most of it
+``import numba``); now an LSTM's first call compiles only its own three
+float32 kernels.
 """
 
 from __future__ import annotations
@@ -26,14 +28,9 @@ from typing import Any
 
 import numba
 
-__all__ = ["kernel", "inline"]
+__all__ = ["kernel"]
 
 
-def kernel(signature: Any) -> Any:
-    """The decorator of a kernel entry point compiled for ``signature``."""
-    return numba.njit(signature, cache=True, error_model="numpy", boundscheck=False, nogil=True)
-
-
-def inline(**options: Any) -> Any:
-    """The decorator of a helper inlined into the kernels that call it."""
-    return numba.njit(inline="always", error_model="numpy", boundscheck=False, **options)
+def kernel(function: Any) -> Any:
+    """The decorator of a kernel entry point (compiled at its first call)."""
+    return numba.njit(cache=True, error_model="numpy", boundscheck=False, nogil=True)(function)

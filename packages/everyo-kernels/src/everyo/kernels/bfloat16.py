@@ -14,7 +14,6 @@ All take and give 1-D C-contiguous arrays of the bits (core passes
 from __future__ import annotations
 
 import numpy as np
-from numba import uint16, uint32, void
 
 from everyo.kernels._jit import kernel
 
@@ -23,7 +22,7 @@ __all__ = ["bfloat16_codes", "round_to_bfloat16", "bfloat16_to_float"]
 _u = np.uint32
 
 
-@kernel(void(uint32[::1], uint16[::1]))
+@kernel
 def bfloat16_codes(bits, out):
     """The bfloat16 codes of float32 ``bits`` (rounded as ``astype`` rounds)."""
     for n in range(bits.size):
@@ -33,7 +32,7 @@ def bfloat16_codes(bits, out):
         out[n] = np.uint16(quiet if (b & _u(0x7FFFFFFF)) > _u(0x7F800000) else rounded)
 
 
-@kernel(void(uint32[::1], uint32[::1]))
+@kernel
 def round_to_bfloat16(bits, out):
     """The float32 bits of the values float32 ``bits`` round to in bfloat16."""
     for n in range(bits.size):
@@ -43,7 +42,7 @@ def round_to_bfloat16(bits, out):
         out[n] = quiet if (b & _u(0x7FFFFFFF)) > _u(0x7F800000) else rounded
 
 
-@kernel(void(uint16[::1], uint32[::1]))
+@kernel
 def bfloat16_to_float(codes, out):
     """The float32 bits of bfloat16 ``codes`` (exact, NaN payloads kept)."""
     for n in range(codes.size):

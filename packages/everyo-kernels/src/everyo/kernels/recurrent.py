@@ -18,7 +18,6 @@ gradient checker); the scan makes its operands so before calling.
 from __future__ import annotations
 
 import numpy as np
-from numba import float32, float64, int64, void
 
 from everyo.kernels._jit import kernel
 
@@ -27,16 +26,7 @@ __all__ = ["lstm_gates_in", "lstm_gates_out", "lstm_cell_backward"]
 _f = np.float32  # constants 0.5 and 1 (exact in either type)
 
 
-def _signatures(*ranks):
-    """One signature per float type (float32: training; float64: the gradient checker)."""
-    out = []
-    for t in (float32, float64):
-        args = [int64 if r == 0 else t[(slice(None),) * (r - 1) + (slice(None, None, 1),)] for r in ranks]
-        out.append(void(*args))
-    return out
-
-
-@kernel(_signatures(3, 4, 0))
+@kernel
 def lstm_gates_in(a4, x, t):
     """Before the step's ``tanh``: ``a4`` (4, B, H) holds ``h @ W_hh`` per gate;
     adds step ``t`` of the input projection ``x`` (B, T, 4, H) and halves the
@@ -54,7 +44,7 @@ def lstm_gates_in(a4, x, t):
                     gate[j] = (gate[j] + xk[j]) * half
 
 
-@kernel(_signatures(3, 2, 2))
+@kernel
 def lstm_gates_out(a4, c, c_out):
     """After ``np.tanh(a4)``: finishes the sigmoids (``0.5 + 0.5 tanh``) and
     writes the new cell state ``f * c + i * g`` into ``c_out``."""
@@ -71,7 +61,7 @@ def lstm_gates_out(a4, c, c_out):
             cn[j] = f[j] * cb[j] + i[j] * g[j]
 
 
-@kernel(_signatures(3, 2, 2, 2, 2, 3))
+@kernel
 def lstm_cell_backward(a4, tc, c_prev, dh, dc, d_step):
     """One backward step. ``a4`` (4, B, H): the step's activated gates;
     ``tc`` (B, H): tanh of its cell state; ``c_prev``: the state before it;
