@@ -147,6 +147,14 @@ def test_dim_in_functions_and_joins():
         t(a).sum(dim=0, axis=1)
 
 
+def test_softmax_layers_take_dim():
+    x = t(RNG.standard_normal((2, 3)))
+    np.testing.assert_array_equal(eo.Softmax(dim=0)(x).data, eo.softmax(x, axis=0).data)
+    np.testing.assert_array_equal(eo.LogSoftmax(dim=0)(x).data, eo.log_softmax(x, axis=0).data)
+    with pytest.raises(TypeError, match="both dim= and axis="):
+        eo.Softmax(0, dim=1)
+
+
 def test_dim_refused_where_torch_means_more():
     x = t(RNG.standard_normal((3, 4)))
     with pytest.raises(eo.EveryOSpellingError, match=r"x.max\(axis=d\) and x.argmax\(axis=d\)"):

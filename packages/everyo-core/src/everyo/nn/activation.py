@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from everyo import activations as A
 from everyo import functional as F
+from everyo.axes import torch_spelling
 from everyo.errors import EveryOShapeError
 from everyo.nn import arguments as args
 from everyo.nn.module import Module, as_input
@@ -40,11 +41,14 @@ class Tanh(Module):
 
 
 class Softmax(Module):
-    """Softmax along ``axis`` (default: the last, the feature/channel axis)."""
+    """Softmax along ``axis`` (default: the last, the feature/channel axis);
+    PyTorch's ``dim=`` is accepted for ``axis=``."""
 
-    def __init__(self, axis: int = -1) -> None:
+    def __init__(self, axis: int = -1, *, dim: int | None = None) -> None:
         super().__init__()
-        self.axis = axis
+        given = {"axis": axis} if dim is None else {"dim": dim, **({"axis": axis} if axis != -1 else {})}
+        spelled = torch_spelling(type(self).__name__, given)
+        self.axis = spelled["axis"]
 
     def forward(self, x: TensorLike) -> Tensor:
         return F.softmax(as_input(self, x), axis=self.axis)
