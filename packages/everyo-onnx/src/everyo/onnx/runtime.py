@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from everyo.tensor import Tensor
+
 if TYPE_CHECKING:
     from everyo._typing import Array
 
@@ -43,22 +45,23 @@ def import_runtime(purpose="run_onnx"):
 
 
 _NUMPY_OF = {
-    "tensor(float)": np.float32,
-    "tensor(int64)": np.int64,
-    "tensor(int32)": np.int32,
-    "tensor(bool)": np.bool_,
+    "tensor(float)": np.dtype(np.float32),
+    "tensor(int64)": np.dtype(np.int64),
+    "tensor(int32)": np.dtype(np.int32),
+    "tensor(bool)": np.dtype(np.bool_),
 }
 
 
-def _feed(spec, x):
-    """``x`` as the array a graph input of type ``spec.type`` takes: floating
-    input cast to float32, integers to the input's integer type, booleans kept."""
-    array = np.asarray(getattr(x, "data", x))
-    want = _NUMPY_OF.get(spec.type)
-    if want is np.float32 and np.issubdtype(array.dtype, np.floating):
-        array = array.astype(np.float32, copy=False)
-    elif want is not None and array.dtype.kind in "iu" and np.dtype(want).kind == "i":
-        array = array.astype(want, copy=False)
+def as_feed(x, want):
+    """``x`` as the array a graph input of dtype ``want`` takes (None:
+    unknown): floating input cast to float32, integers to the input's integer
+    type, anything else passed as it is (ONNX Runtime names a wrong type)."""
+    array = x.data if isinstance(x, Tensor) else np.asarray(x)
+    dtype = array.dtype
+    if dtype is want or want is None:  # (NumPy's builtin dtypes are singletons)
+        return array
+    if (want.kind == "f" and dtype.kind == "f") or (want.kind == "i" and dtype.kind in "iu"):
+        return array.astype(want)
     return array
 
 
@@ -68,7 +71,7 @@ def feeds(graph_inputs, leaves, who):
         raise ValueError(
             f"{who} takes {len(graph_inputs)} input(s) {[i.name for i in graph_inputs]}, got {len(leaves)}"
         )
-    return {spec.name: _feed(spec, x) for spec, x in zip(graph_inputs, leaves)}
+    return {spec.name: as_feed(x, _NUMPY_OF.get(spec.type)) for spec, x in zip(graph_inputs, leaves)}
 
 
 def nesting_of(session):
