@@ -303,3 +303,18 @@ def large_pair_reductions(group):
         x = rank_data(group.rank, dtype, 100_003)
         out[dtype] = (group.all_reduce_sum(x), group.all_reduce_mean(x))
     return out
+
+
+SHAPE_OPS = ("all_gather", "reduce_scatter_sum", "all_reduce_sum", "broadcast")
+
+
+def shape_mismatch(group, op):
+    """``op`` on 12 float32 elements shaped (2, 6) on rank 0 and (3, 4) elsewhere; returns the error raised."""
+    from everyo.errors import EveryODistributedError
+
+    x = np.arange(12, dtype=np.float32).reshape((2, 6) if group.rank == 0 else (3, 4))
+    try:
+        getattr(group, op)(x)
+    except EveryODistributedError as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return "no error"

@@ -28,6 +28,14 @@ WORLD = 3
 def mpi_child(out_dir):
     from everyo.distributed_mpi import init_mpi_process_group
 
+    if out_dir.endswith("shapes"):  # one fresh group per operation: a mismatch breaks the group
+        messages = {}
+        for op in shm_workers.SHAPE_OPS:
+            with init_mpi_process_group() as group:
+                messages[op] = shm_workers.shape_mismatch(group, op)
+        with open(os.path.join(out_dir, f"rank{group.rank}.json"), "w") as f:
+            json.dump(messages, f)
+        return
     with init_mpi_process_group() as group:
         result = shm_workers.more_collectives_battery(group)
         mismatch = result.pop("mismatch")
@@ -220,6 +228,38 @@ def test_tcp_broadcast_and_all_gather_are_rings_streamed_in_segments(monkeypatch
     assert payload[0, 1] == 0 + 2 * block + 33_334 * 4
     assert payload.get((1, 0), 0) == 33_335 * 4 and payload.get((2, 1), 0) == 33_334 * 4
     assert payload.get((0, 2), 0) == 33_334 * 4
+
+
+def check_shape_messages(messages):
+    assert all(m.startswith(("EveryODistributedError", "PeerFailedError", "PeerLost")) for m in messages), messages
+    named = [m for m in messages if "collective mismatch" in m]
+    assert named, messages  # (over TCP a rank may instead see its neighbour leave)
+    assert all("shape=(2, 6)" in m and "shape=(3, 4)" in m and "size=12" in m for m in named), named
+
+
+@pytest.mark.parametrize("op", shm_workers.SHAPE_OPS)
+def test_same_size_different_shapes_is_a_named_mismatch_on_shared_memory_and_tcp(op):
+    # 0.2 compared only size and dtype: all_gather of (2, 6) and (3, 4) returned inconsistent results.
+    from test_tcp_collectives import run_in_threads
+
+    from everyo.distributed import spawn
+
+    check_shape_messages(spawn(shm_workers.shape_mismatch, 2, args=(op,), timeout=120))
+    tcp, errors, _ = run_in_threads(2, lambda group: shm_workers.shape_mismatch(group, op))
+    assert errors == [None, None], errors
+    check_shape_messages(tcp)
+
+
+def test_same_size_different_shapes_is_a_named_mismatch_under_mpi(tmp_path):
+    out = tmp_path / "shapes"
+    out.mkdir()
+    returncode, output = run_mpiexec(2, [__file__, out], timeout=120)
+    assert returncode == 0, output[-4000:]
+    ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
+    for op in shm_workers.SHAPE_OPS:
+        messages = [r[op] for r in ranks]
+        check_shape_messages(messages)
+        assert all("collective mismatch" in m for m in messages)  # MPI compares every rank's record
 
 
 if __name__ == "__main__":

@@ -186,6 +186,10 @@ import sys, time
 import numpy as np
 from everyo.distributed_mpi import init_mpi_process_group
 group = init_mpi_process_group()
+with open("/proc/self/maps") as maps:
+    segments = sorted({line.split()[5] for line in maps if "/mpich_shm_" in line})
+print("segments:", ",".join(segments), flush=True)
+group.all_reduce_sum(np.ones(1000))  # the ranks have communicated
 if group.rank == 1:
     time.sleep(0.2)
     raise ValueError("boom on rank 1")
@@ -210,6 +214,12 @@ def test_an_uncaught_exception_on_one_rank_aborts_the_whole_job(tmp_path):
     assert returncode != 0
     assert "ValueError: boom on rank 1" in output and "aborting the MPI job" in output
     assert "got past the barrier" not in output
+    # MPICH's own /dev/shm/mpich_shm_* segment was unlinked once every rank had mapped it, so the
+    # abort leaves it behind no more (MPICH itself unlinks it only in MPI_Finalize).
+    segments = {s for line in output.splitlines() if line.startswith("segments:") for s in line[9:].strip().split(",")}
+    segments.discard("")
+    assert segments, output  # MPICH mapped one (two local ranks)
+    assert not [s for s in segments if os.path.exists(s)], segments
 
 
 if __name__ == "__main__":

@@ -220,15 +220,15 @@ def test_spec_training_through_tcp_matches_one_process_and_shared_memory(recwarn
 
 
 def test_header_round_trip_and_bounds():
-    raw = wire.pack_header(wire.DATA, 12, op=1, dtype=2, root=-1, seq=7, count=3)
-    assert len(raw) == wire.HEADER_SIZE == 40
-    assert wire.unpack_header(raw, "peer") == (wire.DATA, 1, 2, -1, 7, 3, 12)
+    raw = wire.pack_header(wire.DATA, 12, op=1, dtype=2, root=-1, seq=7, count=3, shape=b"3")
+    assert len(raw) == wire.HEADER_SIZE == 72
+    assert wire.unpack_header(raw, "peer") == (wire.DATA, 1, 2, -1, 7, 3, 12, b"3" + bytes(31))
     with pytest.raises(wire.ProtocolError, match="not the everyo protocol"):
-        wire.unpack_header(b"GET / HTTP/1.1\r\n" + bytes(24), "peer")
+        wire.unpack_header(b"GET / HTTP/1.1\r\n" + bytes(56), "peer")
     with pytest.raises(wire.ProtocolError, match="wire version 9"):
-        wire.unpack_header(wire.HEADER.pack(wire.MAGIC, 9, 1, 0, 0, 0, 0, 0, 0), "peer")
+        wire.unpack_header(wire.HEADER.pack(wire.MAGIC, 9, 1, 0, 0, 0, 0, 0, 0, b""), "peer")
     with pytest.raises(wire.ProtocolError, match="malformed"):
-        wire.unpack_header(wire.HEADER.pack(wire.MAGIC, wire.VERSION, 99, 0, 0, 0, 0, 0, 0), "peer")
+        wire.unpack_header(wire.HEADER.pack(wire.MAGIC, wire.VERSION, 99, 0, 0, 0, 0, 0, 0, b""), "peer")
 
 
 def test_oversized_length_is_refused_before_reading_the_payload():

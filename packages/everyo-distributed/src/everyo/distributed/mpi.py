@@ -105,7 +105,40 @@ def init_mpi_process_group(comm: Any = None, *, abort_on_exception: bool = True)
         raise TypeError(f"init_mpi_process_group: comm must be an mpi4py communicator, got {comm!r}")
     if abort_on_exception:
         _install_abort_hook(MPI)
-    return MPIProcessGroup(comm.Dup(), MPI)
+    group = MPIProcessGroup(comm.Dup(), MPI)
+    _unlink_mpich_segments(group.comm)
+    return group
+
+
+_MPICH_SHM = "/dev/shm/mpich_shm_"
+
+
+def _unlink_mpich_segments(comm: Any) -> None:
+    """Unlink MPICH's intranode shared-memory segment once every rank has it mapped.
+
+    MPICH creates ``/dev/shm/mpich_shm_*`` (2 MB) in ``MPI_Init`` and unlinks it
+    only in ``MPI_Finalize``, so a job that ends in ``MPI_Abort``, ``os._exit``
+    or a signal leaves it behind (there is no orderly abort path in MPICH that
+    removes it). Once every rank has mapped it -- after the barrier below --
+    the name is no longer needed: unlinking it now, like an open temporary
+    file, leaves the mappings working and nothing in /dev/shm however the job
+    ends. MPICH's own unlink at finalize then finds it gone, which it ignores.
+    ``EVERYO_MPI_KEEP_SHM=1`` keeps it (for a program that spawns MPI processes
+    later, which would attach by name).
+    """
+    comm.Barrier()  # every rank of the group (each node's local ranks among them) has mapped it
+    if os.environ.get("EVERYO_MPI_KEEP_SHM") == "1":
+        return
+    try:
+        with open("/proc/self/maps") as maps:
+            names = {line.split()[5] for line in maps if _MPICH_SHM in line and len(line.split()) >= 6}
+    except OSError:
+        return  # not Linux: nothing known to clean
+    for name in names:
+        try:
+            os.unlink(name)
+        except OSError:
+            pass  # another local rank unlinked it first
 
 
 def _install_abort_hook(MPI: ModuleType) -> None:

@@ -55,6 +55,7 @@ __all__ = [
     "prepare_array",
     "reduce_in_rank_order",
     "split_blocks",
+    "shape_text",
     "is_float_dtype",
     "HINT",
     "REDUCE_OPS",
@@ -71,6 +72,20 @@ class _RecordFields(NamedTuple):
     dtype: str
     seq: int
     root: int = -1
+    shape: str = ""
+
+
+_SHAPE_BYTES = 32
+
+
+def shape_text(shape: tuple[int, ...]) -> str:
+    """``(2, 6)`` -> ``'2,6'`` (``''`` for 0-d); a shape too long for a record becomes a digest."""
+    text = ",".join(map(str, shape))
+    if len(text) <= _SHAPE_BYTES:
+        return text
+    import hashlib
+
+    return "#" + hashlib.blake2b(text.encode("ascii"), digest_size=15).hexdigest()
 
 
 class CollectiveRecord(_RecordFields):
@@ -79,7 +94,9 @@ class CollectiveRecord(_RecordFields):
     ``op`` is the public method name (``'all_reduce_mean'``, ``'broadcast'``,
     ``'barrier'``...), ``size`` the element count, ``dtype`` NumPy's name,
     ``seq`` how many collectives this rank has called before on this group,
-    ``root`` the broadcast root (``-1`` when the op has none).
+    ``root`` the broadcast root (``-1`` when the op has none), ``shape`` the
+    array's shape as text (``'2,6'``; see :func:`shape_text`), so that arrays
+    of the same size but different shapes are told apart.
     """
 
     # The fields are _RecordFields' (a NamedTuple cannot hold the class
@@ -88,30 +105,53 @@ class CollectiveRecord(_RecordFields):
 
     # Fixed 64-byte little-endian layout so a backend can put a record in a
     # shared-memory slot or on a socket without pickle.
-    _FORMAT = struct.Struct("<qqq24s16s")
+    _FORMAT = struct.Struct(f"<qqq24s16s{_SHAPE_BYTES}s")
     PACKED_SIZE = _FORMAT.size
 
     def pack(self) -> bytes:
-        return self._FORMAT.pack(self.seq, self.size, self.root, self.op.encode("ascii"), self.dtype.encode("ascii"))
+        return self._FORMAT.pack(
+            self.seq,
+            self.size,
+            self.root,
+            self.op.encode("ascii"),
+            self.dtype.encode("ascii"),
+            self.shape.encode("ascii"),
+        )
 
     @classmethod
     def unpack(cls, data: bytes | bytearray | memoryview) -> CollectiveRecord:
-        seq, size, root, op, dtype = cls._FORMAT.unpack(bytes(data))
-        return cls(op.rstrip(b"\0").decode("ascii"), size, dtype.rstrip(b"\0").decode("ascii"), seq, root)
+        seq, size, root, op, dtype, shape = cls._FORMAT.unpack(bytes(data))
+        return cls(
+            op.rstrip(b"\0").decode("ascii"),
+            size,
+            dtype.rstrip(b"\0").decode("ascii"),
+            seq,
+            root,
+            shape.rstrip(b"\0").decode("ascii", errors="replace"),
+        )
 
     def describe(self) -> str:
         if self.op == "barrier":
             call = "barrier()"
-        elif self.root >= 0:
-            call = f"{self.op}(size={self.size}, dtype={self.dtype}, root={self.root})"
         else:
-            call = f"{self.op}(size={self.size}, dtype={self.dtype})"
+            shape = ""
+            if self.shape != str(self.size):  # a 1-d array's shape says no more than its size
+                shape = f", shape={_shape_repr(self.shape)}"
+            root = f", root={self.root}" if self.root >= 0 else ""
+            call = f"{self.op}(size={self.size}{shape}, dtype={self.dtype}{root})"
         return f"{call} as collective #{self.seq}"
+
+
+def _shape_repr(text: str) -> str:
+    if text.startswith("#"):
+        return f"<{text[1:9]}...>"  # a digest: shapes too long to carry whole
+    dims = text.split(",") if text else []
+    return "(" + ", ".join(dims) + ("," if len(dims) == 1 else "") + ")"
 
 
 HINT = (
     "Every rank must call the same collectives in the same order, with arrays of the same "
-    "size and dtype; the usual cause is a rank that took a different path through the loop."
+    "shape and dtype; the usual cause is a rank that took a different path through the loop."
 )
 
 
@@ -463,7 +503,7 @@ class ProcessGroup(abc.ABC):
         if data is None:
             record = CollectiveRecord(op, 0, "none", self._seq, root)
         else:
-            record = CollectiveRecord(op, data.size, _dtype_name(data.dtype), self._seq, root)
+            record = CollectiveRecord(op, data.size, _dtype_name(data.dtype), self._seq, root, _shape(data.shape))
         self._seq += 1
         try:
             return body(record, data, *args)
@@ -516,6 +556,17 @@ class ProcessGroup(abc.ABC):
 
 
 _DTYPE_NAMES: dict[np.dtype[Any], str] = {}
+_SHAPES: dict[tuple[int, ...], str] = {}
+
+
+def _shape(shape: tuple[int, ...]) -> str:
+    # Training calls the same few shapes every step: remember their text.
+    text = _SHAPES.get(shape)
+    if text is None:
+        if len(_SHAPES) > 4096:
+            _SHAPES.clear()
+        text = _SHAPES[shape] = shape_text(shape)
+    return text
 
 
 def _dtype_name(dtype: np.dtype[Any]) -> str:

@@ -7,7 +7,7 @@ counter do not fight over the line the peer writes):
   ``generation`` and ``capacity`` of the data segment, ``world_size``;
 * line ``1 + r``: rank ``r``'s barrier ``counter``, its ``state``
   (running / returned / failed) and its pid -- written only by rank ``r``;
-* then ``2 * world_size`` 64-byte :class:`CollectiveRecord` slots, double
+* then ``2 * world_size`` :class:`CollectiveRecord` slots (96 bytes), double
   buffered by the collective's parity: a rank can only reuse the slot of
   collective ``n`` at ``n + 2``, after every rank passed the barrier of
   ``n + 1``, i.e. after every rank finished reading the records of ``n``.
@@ -71,7 +71,7 @@ class PeerAbortedError(PeerFailedError):
 
 
 def control_size(world_size: int) -> int:
-    return (1 + world_size + 2 * world_size) * _LINE_WORDS * 8
+    return (1 + world_size) * _LINE_WORDS * 8 + 2 * world_size * CollectiveRecord.PACKED_SIZE
 
 
 class ControlBlock:

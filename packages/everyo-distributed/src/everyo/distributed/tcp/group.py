@@ -416,14 +416,16 @@ class TCPProcessGroup(ProcessGroup):
             root=record.root,
             seq=record.seq,
             count=record.size,
+            shape=record.shape.encode("ascii"),
         )
 
     def _incoming(self, record, peer, payload, on_done=None):
         def check(fields):
-            kind, op, dtype, root, seq, count, _ = fields
+            kind, op, dtype, root, seq, count, _, shape = fields
             if kind != wire.DATA:
                 raise wire.ProtocolError(f"rank {peer} sent a {wire.KIND_NAMES[kind]} frame inside a collective")
-            theirs = CollectiveRecord(wire.OPS[op], count, wire.DTYPES[dtype], seq, root)
+            text = shape.rstrip(b"\0").decode("ascii", errors="replace")
+            theirs = CollectiveRecord(wire.OPS[op], count, wire.DTYPES[dtype], seq, root, text)
             if theirs != record:
                 raise EveryODistributedError(
                     f"collective mismatch: rank {self._rank} called {record.describe()}, "

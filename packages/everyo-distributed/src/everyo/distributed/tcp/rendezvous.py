@@ -249,7 +249,7 @@ def _accept_peers(
 def _verify_peer(conn, data, key, session, rank, missing):
     """Check a complete PEER_HELLO frame; acknowledge it and return the peer rank, or None to drop it."""
     try:
-        kind, _, _, _, _, _, length = wire.unpack_header(data[: wire.HEADER_SIZE], "a connecting peer")
+        kind, _, _, _, _, _, length, _ = wire.unpack_header(data[: wire.HEADER_SIZE], "a connecting peer")
         hello = data[wire.HEADER_SIZE :]
         if kind != wire.PEER_HELLO or length != _HELLO_SIZE:
             return None

@@ -44,9 +44,9 @@ if TYPE_CHECKING:
     from everyo._typing import DType
 
 MAGIC = b"EvOD"
-VERSION = 1
-HEADER = struct.Struct("<4sHHHHiQQQ")
-HEADER_SIZE = HEADER.size  # 40
+VERSION = 2  # 2: the header carries the array's shape (CollectiveRecord.shape)
+HEADER = struct.Struct("<4sHHHHiQQQ32s")
+HEADER_SIZE = HEADER.size  # 72
 MAX_CONTROL_BYTES = 1 << 20
 MAX_ERROR_BYTES = 4096
 NONCE_BYTES = 32
@@ -126,14 +126,21 @@ def nonce() -> bytes:
 
 
 def pack_header(
-    kind: int, length: int = 0, op: int = 0, dtype: int = 0, root: int = 0, seq: int = 0, count: int = 0
+    kind: int,
+    length: int = 0,
+    op: int = 0,
+    dtype: int = 0,
+    root: int = 0,
+    seq: int = 0,
+    count: int = 0,
+    shape: bytes = b"",
 ) -> bytes:
-    return HEADER.pack(MAGIC, VERSION, kind, op, dtype, root, seq, count, length)
+    return HEADER.pack(MAGIC, VERSION, kind, op, dtype, root, seq, count, length, shape)
 
 
-def unpack_header(raw: bytes | bytearray | memoryview, who: str) -> tuple[int, int, int, int, int, int, int]:
-    """``(kind, op, dtype, root, seq, count, length)``; raises :class:`ProtocolError` on garbage."""
-    magic, version, kind, op, dtype, root, seq, count, length = HEADER.unpack(raw)
+def unpack_header(raw: bytes | bytearray | memoryview, who: str) -> tuple[int, int, int, int, int, int, int, bytes]:
+    """``(kind, op, dtype, root, seq, count, length, shape)``; raises :class:`ProtocolError` on garbage."""
+    magic, version, kind, op, dtype, root, seq, count, length, shape = HEADER.unpack(raw)
     if magic != MAGIC:
         raise ProtocolError(
             f"{who} sent bytes that are not the everyo protocol (first bytes {bytes(raw[:8])!r}); "
@@ -146,7 +153,7 @@ def unpack_header(raw: bytes | bytearray | memoryview, who: str) -> tuple[int, i
         )
     if kind not in KIND_NAMES or op >= len(OPS) or dtype >= len(DTYPES):
         raise ProtocolError(f"{who} sent a malformed frame header (kind {kind}, op {op}, dtype {dtype})")
-    return kind, op, dtype, root, seq, count, length
+    return kind, op, dtype, root, seq, count, length, shape
 
 
 def dtype_code(dtype: DType) -> int:
@@ -201,7 +208,7 @@ def recv_frame(
     carrying its message. Time-outs and disconnects raise ``socket.timeout`` /
     ``ConnectionError`` for the caller to reword.
     """
-    kind, _, _, _, _, _, length = unpack_header(_recv_exactly(sock, HEADER_SIZE, deadline, who, what), who)
+    kind, _, _, _, _, _, length, _ = unpack_header(_recv_exactly(sock, HEADER_SIZE, deadline, who, what), who)
     limit = MAX_ERROR_BYTES if kind == ERROR else max_length
     if length > limit:
         raise ProtocolError(
@@ -262,7 +269,7 @@ class Incoming:
         self,
         peer: int,
         payload: memoryview,
-        check: Callable[[tuple[int, int, int, int, int, int, int]], None],
+        check: Callable[[tuple[int, int, int, int, int, int, int, bytes]], None],
         on_done: Callable[[], object] | None = None,
     ) -> None:
         self.peer, self.payload, self.check, self.on_done = peer, payload, check, on_done
