@@ -167,7 +167,7 @@ def dtype_code(dtype: DType) -> int:
 
 
 def send_frame(sock: socket.socket, kind: int, payload: bytes | bytearray | memoryview = b"", **fields: int) -> None:
-    sock.sendall(pack_header(kind, len(payload), **fields) + bytes(payload))
+    sock.sendall(pack_header(kind, len(payload), **fields) + bytes(payload))  # type: ignore[arg-type]
 
 
 def send_error(sock: socket.socket, message: str) -> None:
