@@ -20,8 +20,8 @@ from numpy.lib.array_utils import normalize_axis_tuple
 from everyo.errors import EveryOShapeError, EveryOSpellingError
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
-    from typing import SupportsIndex
+    from collections.abc import Mapping, Sequence
+    from typing import Any, SupportsIndex
 
     from everyo._typing import Axis, Shape
 
@@ -118,7 +118,7 @@ _DIM_REFUSED = {
 }
 
 
-def torch_spelling(op: str, kwargs: dict[str, object]) -> dict[str, object]:
+def torch_spelling(op: str, kwargs: Mapping[str, Any]) -> dict[str, Any]:
     """``kwargs`` with PyTorch's ``dim=`` / ``keepdim=`` renamed to NumPy's
     ``axis=`` / ``keepdims=``, for an op that takes ``axis``.
 

@@ -47,8 +47,7 @@ class Softmax(Module):
     def __init__(self, axis: int = -1, *, dim: int | None = None) -> None:
         super().__init__()
         given = {"axis": axis} if dim is None else {"dim": dim, **({"axis": axis} if axis != -1 else {})}
-        spelled = torch_spelling(type(self).__name__, given)
-        self.axis = spelled["axis"]
+        self.axis: int = torch_spelling(type(self).__name__, given)["axis"]
 
     def forward(self, x: TensorLike) -> Tensor:
         return F.softmax(as_input(self, x), axis=self.axis)
