@@ -4,6 +4,11 @@ LSTM and the transformer of examples/sequence.py at batch 1 and 64 (exported
 with dynamic batch and sequence axes, as the example does).
 
     python benchmarks/bench_onnx.py        (or: hatch run bench:run benchmarks/bench_onnx.py)
+    python benchmarks/bench_onnx.py --compile-only     (eo.onnx.compile's table alone)
+
+The last table compares EveryO's eager forward, ``eo.onnx.compile`` and ONNX
+Runtime alone on the compiled model's own graph (same file, same session
+options) for the digit CNN, an LSTM classifier and a small char GPT.
 
 Candidates run interleaved (A B A B ...) because these machines flip between a
 fast and a slow state; ratios are medians of pairwise ratios. Each timed call
@@ -112,6 +117,7 @@ def main():
             rows,
         )
         sequence_benchmarks(folder)
+        compile_benchmarks(folder)
 
 
 def sequence_benchmarks(folder):
@@ -163,5 +169,102 @@ def sequence_benchmarks(folder):
     )
 
 
+class CharGPT(eo.Module):
+    """A small character-level GPT (pre-norm causal transformer, learned positions)."""
+
+    def __init__(self, vocab=65, block=64, width=64, layers=2, heads=4):
+        super().__init__()
+        self.tok = eo.Embedding(vocab, width, seed=0)
+        self.pos = eo.Embedding(block, width, seed=1)
+        self.blocks = eo.TransformerEncoder(
+            layers, width, heads, dim_feedforward=4 * width, dropout=0.0, norm_first=True, seed=2
+        )
+        self.head = eo.Linear(width, vocab, seed=3)
+
+    def forward(self, ids):
+        positions = eo.arange(ids.shape[1])  # a symbolic length while exporting
+        return self.head(self.blocks(self.tok(ids) + self.pos(positions), is_causal=True))
+
+
+def compile_benchmarks(folder):
+    """EveryO eager against eo.onnx.compile against ONNX Runtime alone on the
+    same graph (the compiled model's own bytes, written to a file, in a session
+    with the same options), for the three models of issue 26."""
+    from everyo.onnx.engine import session_options
+
+    seq = sequence_models()
+    digits, length = seq["DIGITS"], seq["LENGTH"]
+    rng = np.random.default_rng(0)
+    cases = [
+        ("digit CNN", digit_cnn().eval(), lambda b: rng.random((b, 8, 8, 1), dtype=np.float32), None),
+        (
+            "LSTM classifier (DigitSum)",
+            seq["DigitSum"]().eval(),
+            lambda b: rng.integers(0, digits, size=(b, length)),
+            {"input": {0: "batch", 1: "seq"}},
+        ),
+        (
+            "char GPT (2 layers, width 64, 32 chars)",
+            CharGPT().eval(),
+            lambda b: rng.integers(0, 65, size=(b, 32)),
+            {"input": {0: "batch", 1: "seq"}},
+        ),
+    ]
+    rows = []
+    for name, model, make, axes in cases:
+        fast = eo.onnx.compile(model, make(2), dynamic_axes=axes)
+        assert fast.session is not None, fast.fallback_reason
+        path = os.path.join(folder, "compiled.onnx")
+        with open(path, "wb") as f:
+            f.write(fast._bytes)
+        raw = ort.InferenceSession(path, session_options(ort), providers=["CPUExecutionProvider"])
+        for batch, inner in ((1, 100), (256, 3)):
+            x = make(batch)
+            feed = {"input": x}
+
+            def eager():
+                with eo.no_grad():
+                    return model(eo.tensor(x)).data
+
+            # Same numbers first (the first compiled call also verifies), then timings.
+            assert np.abs(eager() - fast(x).data).max() < 1e-4
+            assert np.abs(raw.run(None, feed)[0] - fast(x).data).max() < 1e-4
+            t = interleaved(
+                {
+                    "eager": per_call(eager, max(1, inner // 10)),
+                    "compiled": per_call(lambda: fast(x), inner),
+                    "ort": per_call(lambda: raw.run(None, feed), inner),
+                },
+                repeats=9,
+                warmup=1,
+            )
+            us = {
+                k: statistics.median(v) / (inner if k != "eager" else max(1, inner // 10)) * 1e6 for k, v in t.items()
+            }
+            per = {k: [v / (inner if k != "eager" else max(1, inner // 10)) for v in t[k]] for k in t}
+            rows.append(
+                [
+                    name,
+                    batch,
+                    round(us["eager"]),
+                    round(us["compiled"]),
+                    round(us["ort"]),
+                    median_ratio(per["compiled"], per["ort"]),
+                    median_ratio(per["eager"], per["compiled"]),
+                ]
+            )
+    print_table(
+        "eo.onnx.compile: microseconds per call (medians of 9 interleaved rounds; ratios pair by pair)",
+        ["model", "batch", "EveryO eager", "compiled", "ORT alone", "compiled / ORT", "eager / compiled"],
+        rows,
+    )
+
+
 if __name__ == "__main__":
-    main()
+    if "--compile-only" in sys.argv:
+        print(machine_info())
+        print(f"onnxruntime {ort.__version__}; uptime: {os.popen('uptime').read().strip()}\n")
+        with tempfile.TemporaryDirectory() as folder:
+            compile_benchmarks(folder)
+    else:
+        main()

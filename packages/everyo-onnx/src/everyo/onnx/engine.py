@@ -54,9 +54,13 @@ class EveryOWeightsChangedError(EveryOError, RuntimeError):
 
 def session_options(ort: Any, threads: int | None = None) -> Any:
     """The ONNX Runtime session options ``compile`` uses: every graph
-    optimisation on, ``threads`` intra-op threads (ORT's choice when None)."""
+    optimisation on, ``threads`` intra-op threads (ORT's choice when None),
+    and no spin-waiting between calls: an EveryO program runs NumPy (and its
+    BLAS threads) between predictions, and ORT's spinning threads would take
+    the cores from it."""
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     if threads is not None:
         options.intra_op_num_threads = int(threads)
     return options
