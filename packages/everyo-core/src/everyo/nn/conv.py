@@ -308,7 +308,9 @@ class AvgPool2D(_Pool2D):
     """Average pooling on NHWC input; ``stride`` defaults to ``pool_size`` (Keras).
 
     Args:
-        pool_size, stride, padding: as for :class:`MaxPool2D`.
+        pool_size: the window, as for :class:`MaxPool2D`.
+        stride: the step, as for :class:`MaxPool2D`.
+        padding: as for :class:`MaxPool2D`.
         count_include_pad: whether padded cells count in each window's divisor.
             ``None`` (the default) follows the spelling of ``padding``: with
             ``'same'``, Keras' rule (they do not); with numeric padding,
