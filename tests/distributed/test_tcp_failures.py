@@ -347,7 +347,7 @@ def test_worker_talking_to_something_else_gets_a_protocol_error():
         conn, _ = listener.accept()
         with conn:
             conn.recv(1000)
-            conn.sendall(b"HTTP/1.1 400 Bad Request\r\n\r\n" + bytes(40))
+            conn.sendall(b"HTTP/1.1 400 Bad Request\r\n\r\n" + bytes(wire.HEADER_SIZE))
             time.sleep(0.5)
 
     thread = threading.Thread(target=fake_server)
@@ -392,7 +392,11 @@ def test_peer_disconnecting_mid_collective():
             sock.setblocking(True)
             sock.sendall(
                 group._header(
-                    type("R", (), {"op": "all_reduce_sum", "dtype": "float32", "root": -1, "seq": 0, "size": n})(),
+                    type(
+                        "R",
+                        (),
+                        {"op": "all_reduce_sum", "dtype": "float32", "root": -1, "seq": 0, "size": n, "shape": str(n)},
+                    )(),
                     n * 2,
                 )
                 + bytes(1000)

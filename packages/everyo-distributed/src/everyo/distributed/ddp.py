@@ -178,10 +178,16 @@ class DistributedDataParallel(Module):
         # at its end (not hidden behind the rest of backward); benchmarks/bench_ddp.py prints both.
         self.comm_seconds = 0.0
         self.wait_seconds = 0.0
+        # Elastic restart (everyo.distributed.elastic): synchronized steps completed, and the
+        # state object that snapshots every K of them at the next forward pass.
+        self._synced_steps = 0
+        self._elastic: Any = None
 
     # -- the public API -------------------------------------------------------------------------
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         self._drain_stale_pass()
+        if self._elastic is not None and self.training:
+            self._elastic._on_forward(self._synced_steps)  # after the last step's optimizer step
         if self.broadcast_buffers and self.training and self._has_buffers:
             self._broadcast_state(params=False, buffers=True)
         return self.module(*args, **kwargs)
@@ -344,6 +350,7 @@ class DistributedDataParallel(Module):
             for bucket, averaged in zip(self._buckets, current.results):
                 assert averaged is not None  # no error: every bucket was averaged
                 bucket.write_back(averaged)
+            self._synced_steps += 1
         finally:
             self._pass = None
 

@@ -204,6 +204,7 @@ def run_attempt(args: argparse.Namespace, attempt: int, run_id: str, workdir: st
             "TORCHELASTIC_RUN_ID": run_id,
             "TORCHELASTIC_ERROR_FILE": error_file,
             "EVERYO_SNAPSHOT_EVERY": str(args.snapshot_every),
+            "EVERYO_ELASTIC_BASE": args.snapshot_base,
         }
         command = [sys.executable, "-m", "everyo.distributed._worker", args.script, *args.script_args]
         procs.append(subprocess.Popen(command, env=env, preexec_fn=_die_with_parent))  # noqa: PLW1509
@@ -318,7 +319,19 @@ def main(argv: list[str] | None = None) -> int:
     if args.nproc < 1 or args.max_restarts < 0 or args.snapshot_every < 0:
         _parser().error("--nproc must be >= 1, --max-restarts and --snapshot-every >= 0")
     run_id = uuid.uuid4().hex[:12]
+    # Elastic snapshots (everyo.distributed.elastic) live in shared memory on this machine; removed at the end.
+    args.snapshot_base = f"/everyo_{os.getpid()}_{run_id}_snap"
     history: list[Failure] = []
+    try:
+        return _run_all(args, run_id, history)
+    finally:
+        from everyo.distributed.elastic import remove_snapshots
+
+        remove_snapshots(args.snapshot_base, args.nproc)
+
+
+def _run_all(args: argparse.Namespace, run_id: str, history: list[Failure]) -> int:
+    failures: list[Failure] = []
     with tempfile.TemporaryDirectory(prefix="everyo-run-") as workdir:
         for attempt in range(args.max_restarts + 1):
             failures = run_attempt(args, attempt, run_id, workdir)

@@ -60,6 +60,8 @@ def spawn(
     timeout: float | None = None,
     *,
     stall_timeout: float | None | _NotGiven = _NOT_GIVEN,
+    max_restarts: int = 0,
+    snapshot_every: int = 0,
 ) -> list[_R]:
     """Run ``worker(group, *args)`` in ``world_size`` new processes; return their results by rank.
 
@@ -83,11 +85,20 @@ def spawn(
     environment; a ``RuntimeWarning`` says when the cores are still
     oversubscribed.
 
+    Elastic restart (:mod:`everyo.distributed.elastic`): with
+    ``max_restarts=N``, when a worker fails the others are stopped at their
+    next collective and all ``world_size`` workers are started again, up to
+    ``N`` times; with ``snapshot_every=K`` the workers'
+    ``DistributedDataParallel`` keeps an in-memory snapshot every ``K`` steps,
+    from which ``elastic.state(...)`` resumes them (``timeout`` applies to
+    each attempt).
+
     Raises:
         EveryODistributedError: a worker raised (the message names the rank and
             shows its traceback), died (rank and exit code or signal), or
             ``timeout`` seconds passed (which ranks had not finished, and where
-            they were). The other workers are stopped, and no process or
+            they were) -- with restarts, once they are used up, listing every
+            attempt's failure. The other workers are stopped, and no process or
             shared-memory segment is left behind.
     """
     if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
@@ -107,11 +118,48 @@ def spawn(
         )
     elif not stall_timeout > 0:
         raise ValueError(f"spawn: stall_timeout must be positive seconds or None, got {stall_timeout!r}")
+    for name, value in (("max_restarts", max_restarts), ("snapshot_every", snapshot_every)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise ValueError(f"spawn: {name} must be an int >= 0, got {value!r}")
     args = tuple(args)
     updates, warning = worker_thread_env(world_size)
     if warning:
         warnings.warn(warning, RuntimeWarning, stacklevel=2)
+    if not max_restarts and not snapshot_every:
+        return _spawn_once(worker, world_size, args, timeout, stall_timeout, updates)
+    from everyo.distributed import elastic
 
+    base = new_segment_name("everyo").lstrip("/") + "_snap"
+    failures: list[EveryODistributedError] = []
+    try:
+        for attempt in range(max_restarts + 1):
+            env = {
+                **updates,
+                elastic.BASE_ENV: "/" + base,
+                elastic.EVERY_ENV: str(snapshot_every),
+                elastic.RESTART_ENV: str(attempt),
+            }
+            try:
+                return _spawn_once(worker, world_size, args, timeout, stall_timeout, env)
+            except EveryODistributedError as exc:
+                failures.append(exc)
+        raise _exhausted(failures, max_restarts)
+    finally:
+        elastic.remove_snapshots("/" + base, world_size)
+
+
+def _exhausted(failures: list[EveryODistributedError], max_restarts: int) -> EveryODistributedError:
+    parts = [f"[attempt {i}] {exc}" for i, exc in enumerate(failures)]
+    error = EveryODistributedError(
+        f"spawn: the job failed {len(failures)} times, and max_restarts={max_restarts} restarts are used up. "
+        "Every failure, in order:\n\n" + "\n\n".join(parts)
+    )
+    error.rank = getattr(failures[-1], "rank", None)  # type: ignore[attr-defined]
+    error.failures = failures  # type: ignore[attr-defined]
+    return error
+
+
+def _spawn_once(worker, world_size, args, timeout, stall_timeout, updates):
     control_name = new_segment_name("everyo")
     control = ControlBlock.create(control_name, world_size)
     context = multiprocessing.get_context("spawn")
