@@ -3,6 +3,7 @@ naming the op and the user's source line (or the layer and its position);
 bad arguments fail clearly; a failed export leaves no file and an existing
 file untouched."""
 
+import inspect
 import os
 import re
 
@@ -365,3 +366,29 @@ def test_a_graph_the_checker_rejects_names_the_op_and_line(tmp_path, monkeypatch
     refused(
         Activation(), str(tmp_path / "m.onnx"), "failed onnx.checker at the node for op 'tanh'", f"{THIS_FILE}:{line}"
     )
+
+
+class ForgotReturn(eo.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = eo.Linear(4, 2, seed=0)
+
+    def forward(self, x):
+        self.lin(x)  # no return statement
+
+
+class ReturnsAnInt(eo.Module):
+    def forward(self, x):
+        return x * 2, x.shape[0]
+
+
+@pytest.mark.parametrize(
+    "cls, fragment",
+    [
+        (ForgotReturn, "returned no Tensor .*does it end with a return statement"),
+        (ReturnsAnInt, r"returned a size \(an int from x.shape\)"),
+    ],
+)
+def test_a_result_that_is_not_tensors_names_forward_and_the_fix(cls, fragment, tmp_path):
+    line = inspect.getsourcelines(cls.forward)[1]
+    refused(cls(), str(tmp_path / "m.onnx"), fragment, f"{cls.__name__}.forward at .*{THIS_FILE}:{line}")

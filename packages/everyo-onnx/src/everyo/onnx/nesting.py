@@ -25,6 +25,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from everyo.errors import EveryOSerializationError
+from everyo.onnx.symbolic import SymInt
 from everyo.tensor import Tensor
 
 LEAF = 0
@@ -129,8 +130,9 @@ def outputs(result):
     spec = flatten(result, leaves, "forward()'s result")
     for k, leaf in enumerate(leaves):
         if not isinstance(leaf, Tensor):
+            kind = "size (an int from x.shape)" if isinstance(leaf, SymInt) else type(leaf).__name__
             raise EveryOSerializationError(
-                f"cannot export: forward() returned a {type(leaf).__name__} (output {k} in order, result "
+                f"cannot export: forward() returned a {kind} (output {k} in order, result "
                 f"{describe(spec)}); the exporter needs Tensors, nested in tuples, lists or dicts (None is "
                 f"dropped). Return it as a Tensor, or leave it out"
             )

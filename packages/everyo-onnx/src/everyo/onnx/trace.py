@@ -274,8 +274,21 @@ def trace(model, inputs, input_names, names, axes=None, tracer=None, spec=None):
             symbolic.detach(value.tensor)
         for m, mode in modes:
             object.__setattr__(m, "training", mode)
-    outputs, tracer.output_spec = nesting.outputs(result)
+    try:
+        outputs, tracer.output_spec = nesting.outputs(result)
+    except EveryOSerializationError as exc:
+        hint = " (forward() returned None: does it end with a return statement?)" if result is None else ""
+        raise EveryOSerializationError(f"{exc}{hint}; forward is {_forward_at(model)}") from None
     return tracer, outputs
+
+
+def _forward_at(model):
+    """``Class.forward at file:line`` of the model's forward method."""
+    forward = getattr(type(model), "forward", None)
+    code = getattr(forward, "__code__", None)
+    if code is None:
+        return f"{type(model).__name__}.forward"
+    return f"{type(model).__name__}.forward at {code.co_filename}:{code.co_firstlineno}"
 
 
 def eager_outputs(model, inputs, spec=None):
