@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from everyo.half import _bfloat16_to_float, _float_to_bfloat16, _float_to_half, _half_to_float, is_bfloat16
+from everyo.half import _bfloat16_to_float, _float_to_bfloat16, _float_to_half, _half_to_float, as_dtype, is_bfloat16
 
 if TYPE_CHECKING:
     from typing import Any
@@ -22,7 +22,7 @@ _F16, _F32 = np.dtype(np.float16), np.dtype(np.float32)
 
 def convert(arr: Array, dtype: DType) -> Array:
     """``arr.astype(dtype)``, bit for bit, but faster between a 16-bit float and float32."""
-    src, dtype = arr.dtype, np.dtype(dtype)
+    src, dtype = arr.dtype, as_dtype(dtype)
     if src == _F16 and dtype == _F32:
         return _half_to_float(arr)
     if src == _F32 and dtype == _F16:

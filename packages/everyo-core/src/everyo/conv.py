@@ -16,7 +16,7 @@ from numpy.lib.stride_tricks import as_strided
 from everyo.dispatch import LOW_PRECISION, primitive
 from everyo.errors import EveryOShapeError
 from everyo.functional import _mm, _t, reshape
-from everyo.half import Rounded, _down, _exact_down, _rounded, _up, is_low_precision, takes_rounded
+from everyo.half import Rounded, _down, _exact_down, _rounded, _up, as_dtype, is_low_precision, takes_rounded
 from everyo.padding import _pair, counts_padding, output_size, resolve_padding2d
 from everyo.tensor import Tensor
 
@@ -78,7 +78,7 @@ def _window_reduce(win, ufunc):
 def _scatter_windows(grad_win, padded_shape, kernel, stride, out_hw, dtype, dilation=(1, 1), channels_last=False):
     """Adjoint of :func:`_windows` (of :func:`_patches` with ``channels_last``):
     add window gradients back into the padded input."""
-    if is_low_precision(np.dtype(dtype)):
+    if is_low_precision(as_dtype(dtype)):
         # NumPy's float16 adds convert every element (~40x slower than
         # float32): accumulate in float32 and round once at the end.
         grad_win = _up(grad_win)

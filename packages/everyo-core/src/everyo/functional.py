@@ -16,7 +16,7 @@ from everyo.axes import check_permutation, normalize_axes, normalize_axis
 from everyo.casting import convert as _convert
 from everyo.dispatch import FLOAT32, LOW_PRECISION, primitive
 from everyo.errors import EveryOShapeError, EveryOSpellingError
-from everyo.half import Rounded, _down, _rounded, _up, is_low_precision, takes_rounded
+from everyo.half import Rounded, _down, _rounded, _up, as_dtype, is_low_precision, takes_rounded
 from everyo.random import default_generator
 from everyo.tensor import Tensor
 
@@ -763,7 +763,7 @@ def where(condition: TensorLike, a: TensorLike, b: TensorLike) -> Tensor:
 def astype(a: TensorLike, dtype: DType) -> Tensor:
     """Differentiable cast: the gradient comes back in ``a``'s own dtype."""
     a = _t(a)
-    dtype = np.dtype(dtype)
+    dtype = as_dtype(dtype)
     if a.data.dtype == dtype:
         return a
     src = a.data.dtype

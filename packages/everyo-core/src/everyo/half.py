@@ -481,6 +481,33 @@ def takes_rounded(fn: F) -> F:
 # NaN 0x7FC0 with the input's sign (payload dropped); so do these.
 
 
+# Type names NumPy learns only when ml_dtypes is imported (it registers them).
+_ML_DTYPES_NAMES = frozenset({"bfloat16", "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz"})
+
+
+def as_dtype(dtype: Any) -> np.dtype[Any]:
+    """``np.dtype(dtype)``, importing ml_dtypes at this point for the names only it
+    defines (``"bfloat16"``), so they work in a fresh process and core never imports
+    it at start-up.
+
+    Raises:
+        EveryODTypeError: such a name without ml_dtypes installed (the message
+            names ``pip install ml_dtypes`` / ``everyo-core[amp]``).
+    """
+    if isinstance(dtype, str) and dtype in _ML_DTYPES_NAMES:
+        try:
+            import ml_dtypes
+        except ImportError:
+            from everyo.errors import EveryODTypeError
+
+            raise EveryODTypeError(
+                f"dtype {dtype!r} comes from the ml_dtypes package, which is not installed: "
+                "pip install ml_dtypes (or pip install everyo-core[amp], which brings it)"
+            ) from None
+        return np.dtype(getattr(ml_dtypes, dtype))
+    return np.dtype(dtype)
+
+
 def is_bfloat16(dtype: np.dtype[Any]) -> bool:
     """Whether ``dtype`` is ml_dtypes' bfloat16 (recognised without importing ml_dtypes)."""
     return dtype.kind == "V" and dtype.itemsize == 2 and dtype.name == "bfloat16"

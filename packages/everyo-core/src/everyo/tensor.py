@@ -14,7 +14,7 @@ import numpy as np
 
 from everyo import autograd, dispatch
 from everyo.errors import EveryOInPlaceError, EveryOSpellingError
-from everyo.half import is_bfloat16
+from everyo.half import as_dtype, is_bfloat16
 from everyo.random import generator_for
 
 if TYPE_CHECKING:
@@ -414,7 +414,7 @@ def _to_array(data: TensorLike, dtype: DType | None = None) -> Array:
         if arr.dtype == np.float64 and dtype is None:
             arr = arr.astype(_FLOAT_DEFAULT)  # Python floats -> float32, like PyTorch
     if dtype is not None:
-        arr = arr.astype(np.dtype(dtype), copy=False)
+        arr = arr.astype(as_dtype(dtype), copy=False)
     return arr
 
 

@@ -42,6 +42,7 @@ a thread and to a context: turning it on in one thread never changes another.
 from __future__ import annotations
 
 import functools
+from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import numpy as np
@@ -132,6 +133,13 @@ def get_autocast_dtype() -> np.dtype[Any] | None:
     return policy.dtype if isinstance(policy, Float16Policy) else None
 
 
+# The policy tokens of the autocast blocks open here, innermost last. A ContextVar,
+# not an attribute of the object: a token can only be reset in the context that made
+# it, and one autocast object may be open in several threads (or entered again while
+# open, e.g. by a decorated function calling itself) at once, as torch's allows.
+_entered: ContextVar[tuple[tuple[autocast, Token[Any]], ...]] = ContextVar("everyo_autocast_entered", default=())
+
+
 class autocast:
     """Mixed precision for the ops inside: matmul and conv2d in float16 or bfloat16.
 
@@ -163,19 +171,25 @@ class autocast:
         self.enabled = bool(enabled)
         self.dtype = _dtype_name(dtype)
         self._policy = _policy_for(self.dtype) if self.enabled else None
-        # A stack, not one token: the same object may be entered again while
-        # it is active (e.g. a decorated function calling itself).
-        self._tokens: list[Token[Any]] = []
 
     def __enter__(self) -> autocast:
-        self._tokens.append(dispatch.set_policy(self._policy))
+        token = dispatch.set_policy(self._policy)
+        _entered.set(_entered.get() + ((self, token),))
         return self
 
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> Literal[False]:
-        dispatch.reset_policy(self._tokens.pop())
-        return False
+        stack = _entered.get()
+        for k in range(len(stack) - 1, -1, -1):
+            if stack[k][0] is self:
+                _entered.set(stack[:k] + stack[k + 1 :])
+                dispatch.reset_policy(stack[k][1])
+                return False
+        raise RuntimeError(
+            f"{self!r} is leaving a thread or context it was not entered in; enter and leave an autocast "
+            "block in the same thread (one object may be entered in several threads at once)"
+        )
 
     def __call__(self, fn: _F) -> _F:
         enabled, dtype = self.enabled, self.dtype

@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from everyo.autograd import no_grad
+from everyo.half import as_dtype
 from everyo.random import generator_for
 from everyo.tensor import Tensor
 
@@ -72,7 +73,7 @@ def rng_for(seed: int | np.random.Generator | None) -> np.random.Generator:
 def uniform_fan_in(rng: np.random.Generator, shape: Shape, fan_in: int, dtype: DType = "float32") -> Array:
     """U(-1/sqrt(fan_in), 1/sqrt(fan_in)), PyTorch's default for Linear and Conv."""
     bound = 1.0 / math.sqrt(fan_in) if fan_in > 0 else 0.0
-    return rng.uniform(-bound, bound, size=shape).astype(dtype)
+    return rng.uniform(-bound, bound, size=shape).astype(as_dtype(dtype))
 
 
 def _fill(tensor: Tensor, values: Array | float, what: str) -> Tensor:

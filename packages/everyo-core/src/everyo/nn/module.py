@@ -19,6 +19,7 @@ from everyo import random as _random
 from everyo.autograd import RemovableHandle
 from everyo.casting import is_floating
 from everyo.errors import EveryODTypeError, EveryOShapeError, EveryOStateDictError
+from everyo.half import as_dtype
 from everyo.tensor import Parameter, Tensor
 
 if TYPE_CHECKING:
@@ -273,7 +274,7 @@ class Module:
 
     def to(self, dtype: DType) -> Self:
         """Cast every floating parameter and buffer to ``dtype`` in place."""
-        dtype = np.dtype(dtype)
+        dtype = as_dtype(dtype)
         for t in self.parameters() + self.buffers():
             if np.issubdtype(t.data.dtype, np.floating):
                 t.data = t.data.astype(dtype)
