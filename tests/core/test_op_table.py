@@ -294,7 +294,7 @@ def test_mlp_trace():
     rec = trace_and_replay(model, x, other)
     assert rec.names == ["linear", "relu", "linear"]
     name, inputs, outputs, attrs = rec.records[0]
-    assert inputs[1] is model[0].weight and inputs[2] is model[0].bias and attrs == {}
+    assert inputs[1] is model[0].weight and inputs[2] is model[0].bias and attrs == {"transpose_weight": False}
     assert len(outputs) == 1 and outputs[0].shape == (5, 8)
 
 

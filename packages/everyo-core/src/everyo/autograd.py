@@ -48,11 +48,21 @@ a changed input is let through; PyTorch lets more through (e.g. the bias of a
 linear layer). View ops (reshape, transpose, indexing) are never let
 through: their check is what catches a change to a tensor whose view a
 later op saved (tied weights).
-Not seen: writes into the ndarray itself (``t.data[...] = 0``,
-``np.add(t.data, 1, out=t.data)``, ``a = t.data; a += 1``), and in-place
-changes through another tensor that is a NumPy view of the saved one (e.g.
-the output of ``reshape``) -- NumPy offers no hook on writes; these give
-gradients computed from the new values. To find such a write, run the
+Writes into the ndarray itself. While a recorded op holds a leaf that
+requires grad (a Parameter, an input made with ``requires_grad=True``), that
+leaf's array is read-only: ``p.data[...] = 0``, ``p.data -= lr * g``,
+``np.add(p.data, 1, out=p.data)`` and ``p.add_(1)`` fail at once, at the
+writing line, with NumPy's ``ValueError: ... read-only``. ``backward()``
+frees the graph and makes the arrays writable again (so optimizer steps and
+``p.data -= lr * p.grad`` after it work), as does dropping the graph
+unused (an inference pass without ``no_grad``). With ``retain_graph=True`` the
+arrays stay read-only until the graph is dropped. Costs one
+``weakref.finalize`` per op that reads such a leaf (a few microseconds).
+Not seen: writes into intermediate results' arrays and into inputs that do not
+require grad, writes through a view taken before the forward pass, and
+in-place changes through another tensor that is a NumPy view of the saved
+one (e.g. the output of ``reshape``) -- NumPy offers no hook on writes; these
+give gradients computed from the new values. To find such a write, run the
 forward and backward passes inside :class:`detect_inplace_writes`, which
 keeps a copy of every op's inputs and output and compares (a debugging aid:
 it costs a copy of every activation).
@@ -68,6 +78,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import numpy as np
 
+from everyo import dispatch
 from everyo.casting import convert
 from everyo.errors import EveryOInPlaceError
 
@@ -92,6 +103,9 @@ def bump_version(tensor: Tensor) -> None:
     """Record that ``tensor``'s values were just changed in place."""
     global latest_version
     latest_version = tensor._version = next(_clock)
+    tracer = dispatch.get_tracer()
+    if tracer is not None and hasattr(tracer, "on_write"):
+        tracer.on_write(tensor)  # e.g. the ONNX exporter names the line that wrote a weight
 
 
 # id(op output) -> (a weak reference to it, copies of its own and its inputs'
@@ -128,6 +142,67 @@ class detect_inplace_writes:
         global snapshots
         snapshots = self._prev
         return False
+
+
+# Leaves' arrays made read-only while the graph holds them (see the module docstring):
+# id(array) -> [array, number of live nodes holding it]; id(node) -> its finalizer.
+_locked: dict[int, list[Any]] = {}
+_lock_handles: dict[int, Any] = {}
+_lock_mutex = threading.RLock()  # reentrant: a finalizer (_unlock) may run during a garbage collection inside the lock
+
+
+_reads_inputs: dict[Any, bool] = {}  # a backward closure's code -> whether its op reads its inputs' values
+
+
+def lock_saved_leaves(out: Tensor, parents: Sequence[Tensor], backward: Any) -> None:
+    """Make the arrays of ``parents`` that are leaves requiring grad read-only
+    until ``out``'s node is freed by backward or garbage-collected (not for the
+    ops whose gradient reads no input value: a change cannot alter it)."""
+    code = getattr(backward, "__code__", backward)
+    reads = _reads_inputs.get(code)
+    if reads is None:
+        reads = _reads_inputs[code] = (
+            f"{getattr(backward, '__module__', '')}.{_op_name(backward)}" not in _READS_NO_INPUT
+        )
+    if not reads:
+        return
+    arrays = [p._data for p in parents if p.requires_grad and p._backward is None]
+    with _lock_mutex:
+        arrays = [a for a in arrays if id(a) in _locked or a.flags.writeable]
+        if not arrays:
+            return
+        for a in arrays:
+            entry = _locked.get(id(a))
+            if entry is None:
+                _locked[id(a)] = [a, 1]
+                a.flags.writeable = False
+            else:
+                entry[1] += 1
+        _lock_handles[id(out)] = weakref.finalize(out, _unlock, id(out), arrays)
+
+
+def _unlock(key: int, arrays: list[Any]) -> None:
+    with _lock_mutex:
+        _lock_handles.pop(key, None)
+        for a in arrays:
+            entry = _locked.get(id(a))
+            if entry is None:
+                continue
+            entry[1] -= 1
+            if entry[1] == 0:
+                del _locked[id(a)]
+                a.flags.writeable = True
+
+
+def held_by_graph(tensor: Tensor) -> bool:
+    """Whether ``tensor``'s array is read-only because a recorded op holds it for backward."""
+    return id(tensor._data) in _locked and not tensor._data.flags.writeable
+
+
+def _unlock_node(node: Tensor) -> None:
+    handle = _lock_handles.get(id(node))
+    if handle is not None:
+        handle()  # runs _unlock once; the finalizer is then dead
 
 
 def snapshot(out: Tensor) -> None:
@@ -370,6 +445,8 @@ def _run(roots, seeds, retain_graph, capture=None):
                 # Free the graph as we go: activations saved by the closure go now.
                 node._backward = _freed
                 node._parents = ()
+                if _lock_handles:
+                    _unlock_node(node)
                 if snapshots:
                     snapshots.pop(id(node), None)
             del node

@@ -43,7 +43,10 @@ input unchanged (``astype`` to the same dtype, ``dropout`` in eval mode):
 its output is then that same Tensor (an identity). Only the outermost
 primitive is recorded: calls a primitive makes inside itself (``flatten``
 calling ``reshape``), and ops the tracer runs inside ``record``, are not.
-``on_python_value`` is called before a Tensor becomes a Python value
+A tracer may also have ``on_write(tensor)``: called (from
+``everyo.autograd.bump_version``) when a Tensor's values are changed in place
+through EveryO (``t.data = a``, ``t.data += a``, ``add_`` ...), so an exporter
+can name the line that wrote a weight. ``on_python_value`` is called before a Tensor becomes a Python value
 (``bool``, ``int``, ``float``, ``index``, ``item``, ``tolist``) outside any
 primitive, so a tracer can refuse data-dependent control flow.
 

@@ -173,6 +173,7 @@ class Tensor:
             out._parents = parents
             out._backward = backward
             out._saved_at = autograd.latest_version  # backward checks that no input changed since
+            autograd.lock_saved_leaves(out, parents, backward)
             if autograd.snapshots is not None:
                 autograd.snapshot(out)
         else:
@@ -346,6 +347,12 @@ class Tensor:
                 f"Tensor.{method}: this tensor (shape {self.shape}, {self.dtype}) requires grad, and in-place "
                 f"changes are not recorded for backward. Change it under eo.no_grad() (e.g. a parameter "
                 f"update), or use the out-of-place op."
+            )
+        if autograd.held_by_graph(self):
+            raise EveryOInPlaceError(
+                f"Tensor.{method}: this tensor (shape {self.shape}, {self.dtype}) is saved by a recorded op for "
+                f"backward, so its array is read-only until backward() frees the graph; change it after "
+                f"backward(), or recompute the forward pass after changing it."
             )
         change(self._data)
         autograd.bump_version(self)

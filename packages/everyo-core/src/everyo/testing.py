@@ -86,7 +86,8 @@ def check_gradients(
     for k, t in enumerate(targets):
         got = np.zeros_like(t.data) if t.grad is None else np.asarray(t.grad, dtype=np.float64)
         numeric = np.zeros_like(t.data)
-        t.data = np.ascontiguousarray(t.data)
+        # A fresh copy: a graph still holding the old array (read-only while it does) is left alone.
+        t.data = np.array(t.data, order="C", copy=True)
         flat = t.data.reshape(-1)  # a view: perturbs t.data in place
         for i in range(flat.size):
             orig = flat[i]

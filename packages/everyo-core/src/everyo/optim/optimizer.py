@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, overload
 import numpy as np
 
 from everyo import autograd
-from everyo.errors import EveryOStateDictError
+from everyo.errors import EveryOInPlaceError, EveryOStateDictError
 from everyo.optim.hyper import checked
 from everyo.tensor import Tensor
 
@@ -200,6 +200,15 @@ class Optimizer:
         if closure is not None:
             with autograd.enable_grad():
                 loss = closure()
+        for group in self.param_groups:  # checked first, so a refused step changes no parameter
+            for p in group["params"]:
+                if p.grad is not None and autograd.held_by_graph(p):
+                    raise EveryOInPlaceError(
+                        f"{type(self).__name__}.step(): a parameter (shape {p.shape}, {p.dtype}) is still held by "
+                        f"a forward pass's graph that backward() has not run through (or kept with "
+                        f"retain_graph=True); stepping now would change values its gradient needs. Call "
+                        f"backward() first, or drop the graph (del loss). No parameter was changed."
+                    )
         self._step()
         return loss
 

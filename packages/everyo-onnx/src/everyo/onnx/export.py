@@ -283,8 +283,10 @@ def build_model(
         value, user = changed
         what = value.name or f"a {value.kind} tensor of shape {value.shape}"
         where = user.describe() if user is not None else "the trace"
+        wrote = first.written_at(value.tensor)
+        at = f" at {wrote}" if wrote else " (by a direct write into its array)"
         raise EveryOSerializationError(
-            f"cannot export: the .data of {what} (used by {where}) was changed in place during the forward "
+            f"cannot export: the .data of {what} (used by {where}) was changed in place{at} during the forward "
             f"pass; the exported graph would use one value where EveryO used two. Compute the new value with "
             f"EveryO ops (or change it outside forward()). Nothing was written"
         )

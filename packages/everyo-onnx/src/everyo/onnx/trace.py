@@ -142,6 +142,7 @@ class Tracer:
         self.consumers = {}  # id(Value) -> [(node, position)]
         self.decisions = []  # Decision, in the order the code took them
         self.output_spec = None  # the nesting of forward()'s result (everyo.onnx.nesting)
+        self.writes = {}  # id(tensor) -> (tensor, the user's line of its first in-place change while tracing)
 
     # --- building ----------------------------------------------------------------
     def add_input(self, tensor, name, axes=None):
@@ -216,6 +217,14 @@ class Tracer:
         if is_assert and not decision.value and self.check:
             raise GuardFailed(decision)
         return decision.value
+
+    def on_write(self, tensor):
+        self.writes.setdefault(id(tensor), (tensor, user_line()))
+
+    def written_at(self, tensor):
+        """The user's line that first changed ``tensor`` in place during the trace, or None."""
+        entry = self.writes.get(id(tensor))
+        return entry[1] if entry is not None and entry[0] is tensor else None
 
     def on_python_value(self, tensor, kind):
         value = self.values.get(id(tensor))
