@@ -61,6 +61,10 @@ def tensor_arithmetic() -> eo.Tensor:
     values, indices = eo.topk(a, 2, axis=-1)
     mask = a > 0.0
     f = eo.masked_fill(a, mask, 0.0).reshape(4, 3).transpose(1, 0)
+    # PyTorch's spellings (everyo.composites, dim=)
+    first, rest = a.split([1, 3], dim=1)
+    h = a.permute(1, 0).contiguous().view(2, -1).view_as(a).softmax(dim=-1).sum(dim=1, keepdim=True)
+    assert h.shape == (3, 1) and first.shape == (3, 1) and rest.numel() == 9 and len(a.chunk(2)) == 2
     assert a.dtype == np.float32 and a.shape == (3, 4) and indices.dtype == np.int64
     (grad_a,) = eo.grad(e + values.sum() + f.sum(), [a])
     assert grad_a is not None and grad_a.shape == (3, 4)
