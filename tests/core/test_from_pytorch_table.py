@@ -198,6 +198,51 @@ def check_optimizer():
     np.testing.assert_allclose(w.data, [0.8, 1.6])
 
 
+def check_tying():
+    encoder = eo.Embedding(7, 3, seed=0)
+    decoder = eo.Linear(3, 7, weight=encoder.weight)
+    other = eo.Linear(3, 7)
+    other.tie_weight(encoder.weight)
+    assert decoder.weight is encoder.weight is other.weight
+    ids = np.array([[1, 2]])
+    np.testing.assert_allclose(
+        decoder(encoder(ids)).data, encoder.weight.data[ids] @ encoder.weight.data.T + decoder.bias.data, atol=1e-6
+    )
+    torch_way = eo.Linear(3, 7)
+    torch_way.weight = encoder.weight
+    with pytest.raises(eo.EveryOShapeError, match="tie_weight"):
+        torch_way(np.ones((1, 3), np.float32))
+
+
+def check_flatten_load():
+    model = eo.Sequential(eo.Conv2D(1, 2, 3), eo.Flatten(), eo.Linear(2 * 2 * 2, 3))
+    sd = {"0.weight": a(2, 1, 3, 3), "0.bias": a(2), "2.weight": a(3, 8), "2.bias": a(3)}
+    with pytest.raises(eo.EveryOStateDictError, match="example_input="):
+        eo.load_torch_state_dict(model, sd)
+    eo.load_torch_state_dict(model, sd, example_input=np.zeros((1, 4, 4, 1), "float32"))
+    x = a(1, 1, 4, 4)
+    conv = np.stack(
+        [
+            [(x[0, 0, i : i + 3, j : j + 3] * sd["0.weight"][o, 0]).sum() + sd["0.bias"][o] for j in range(2)]
+            for i in range(2)
+            for o in range(2)
+        ]
+    )
+    chw = conv.reshape(2, 2, 2).transpose(1, 0, 2)  # (o, i, j): PyTorch's flatten order
+    expected = chw.reshape(-1) @ sd["2.weight"].T + sd["2.bias"]
+    np.testing.assert_allclose(model(x.transpose(0, 2, 3, 1).astype("float32")).data[0], expected, atol=1e-5)
+
+
+def check_data_write():
+    w = eo.Parameter(np.array([1.0, 2.0]))
+    loss = (w * w).sum()
+    with pytest.raises(ValueError, match="read-only"):
+        w.data[...] = 0.0
+    loss.backward()
+    w.data -= 0.25 * w.grad
+    np.testing.assert_allclose(w.data, [0.5, 1.0])
+
+
 def check_astype():
     x = eo.tensor(a(2))
     assert x.astype("float32").dtype == np.float32 and x.astype("float16").dtype == np.float16
@@ -224,6 +269,9 @@ CHECKS = {
     "`F.scaled_dot_product_attention(q, k, v, attn_mask=m)`": check_sdpa,
     "`nn.init.kaiming_uniform_(w, generator=g)`, `torch.multinomial(p, n, generator=g)`": check_seeds,
     "a `torch.optim.Optimizer` subclass overriding `step()`": check_optimizer,
+    "`decoder.weight = encoder.weight` (tying a Linear to an Embedding)": check_tying,
+    "`model.load_state_dict(torch_sd)` for a CNN with `torch.flatten(x, 1)` before a Linear": check_flatten_load,
+    "`p.data[...] = v` or `p.data -= lr * g` between forward and `backward()`": check_data_write,
     "`x.float()`, `x.half()`, `x.to(torch.float16)`": check_astype,
 }
 
