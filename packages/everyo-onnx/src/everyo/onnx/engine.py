@@ -18,9 +18,12 @@ Runtime session. What it promises, and how it keeps each promise:
   or buffer was changed in place (EveryO's version counter, which optimizers
   and ``p.data = ...`` / ``p.data -= ...`` move) or replaced by another
   tensor, and raises if one was: call :meth:`CompiledModel.recompile` to
-  export the current weights. The check reads one global counter when no
-  tensor anywhere changed since the last call, else one counter per tensor.
-  Writes straight into an array (``p.data[...] = 0``) are not counted.
+  export the current weights. The check compares each tensor's identity,
+  and reads one global counter when no tensor anywhere changed since the last
+  call, else one counter per tensor (measured on a loaded 2-core machine:
+  2 us for the digit CNN's 14 tensors, 5 us for a 30-tensor GPT; 3.5 and 7 us
+  on the per-tensor path). Writes straight into an array
+  (``p.data[...] = 0``) are not counted.
 - **The exporter's guards** (an ``assert`` on a size in ``forward``, recorded
   as ``everyo.guards``) are checked on every call, before ORT runs.
 """
