@@ -105,3 +105,19 @@ def test_index_computed_outside_the_graph_is_refused(tmp_path):
     with pytest.raises(EveryOSerializationError, match="differs between a trace"):
         eo.export_onnx(model, tmp_path / "m.onnx", example_input=make(2, 3), dynamic_axes={"input": {0: "b", 1: "t"}})
     assert not (tmp_path / "m.onnx").exists()
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda x: x[:, : x.shape[1] - 1, [0, 2]],  # a slice bound from x.shape with an array
+        lambda x: x[:, x.shape[1] - 2, [0, -1]],  # an integer from x.shape with an array
+        lambda x: x[:, [0, -1], x.shape[0] % 5],  # an integer from x.shape after an array
+    ],
+    ids=["symbolic_slice", "symbolic_int_adjacent", "symbolic_int_after"],
+)
+def test_sizes_from_the_shape_stay_symbolic_next_to_arrays(fn, tmp_path):
+    make = lambda b, t: np.random.default_rng(b * 10 + t).standard_normal((b, t, 5)).astype(np.float32)  # noqa: E731
+    assert_traced_agrees(
+        Fn(fn), make, tmp_path / "m.onnx", sizes=[(2, 4), (1, 3), (3, 7)], dynamic_axes={"input": {0: "b", 1: "t"}}
+    )

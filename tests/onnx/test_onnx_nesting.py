@@ -173,3 +173,30 @@ def test_eo_onnx_is_an_attribute_right_after_import_loaded_lazily():
     for script in (code, lazy):
         out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=False)
         assert out.returncode == 0, out.stderr
+
+
+def test_verify_onnx_takes_the_nested_example(tmp_path):
+    model = RNNModel().eval()
+    path = eo.export_onnx(model, tmp_path / "lm.onnx", example_input=lm_inputs(2, 5), dynamic_axes={})
+    rows = eo.verify_onnx(model, path, lm_inputs(2, 5, seed=9))
+    assert rows and all(r["ok"] for r in rows)
+
+
+def test_a_file_without_everyo_metadata_runs_flat(tmp_path):
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["a"]), helper.make_node("Neg", ["x"], ["b"])],
+        "foreign",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 2])],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, [None, 2]) for n in "ab"],
+    )
+    ids = [helper.make_opsetid("", 17)]
+    proto = helper.make_model(graph, opset_imports=ids, ir_version=helper.find_min_ir_version_for(ids))
+    path = tmp_path / "foreign.onnx"
+    path.write_bytes(proto.SerializeToString())
+    x = np.array([[-1.0, 2.0]], np.float32)
+    returned = eo.run_onnx(path, x)
+    assert isinstance(returned, list)  # as before: a list for several outputs
+    np.testing.assert_array_equal(returned[0], [[0.0, 2.0]])
+    np.testing.assert_array_equal(returned[1], [[1.0, -2.0]])

@@ -26,6 +26,7 @@ from __future__ import annotations
 import numpy as np
 
 from everyo.onnx.graph import INT64_MAX
+from everyo.onnx.symbolic import SymInt
 
 
 def is_advanced(item):
@@ -105,6 +106,8 @@ def _expand(t, node, items, ndim):
 
 def _index_name(t, item):
     kind, payload = item
+    if kind == "int":  # a plain (or symbolic) integer: a 0-d index
+        return t.g.squeeze(t.size(payload), [0])
     if kind == "const":
         return t.g.constant(np.asarray(payload, dtype=np.int64), "index")
     return t.name(payload, np.int64)
@@ -122,14 +125,15 @@ def translate(t, node, items):
     starts, ends, axes, steps = [], [], [], []
     for axis, item in enumerate(flat):
         if isinstance(item, slice) and item != slice(None):
-            step = 1 if item.step is None else int(item.step)
+            step = 1 if item.step is None else item.step
             lo = item.start if item.start is not None else (0 if step > 0 else INT64_MAX)
             hi = item.stop if item.stop is not None else (INT64_MAX if step > 0 else -INT64_MAX)
-            starts.append(int(lo)), ends.append(int(hi)), axes.append(axis), steps.append(step)
+            starts.append(lo), ends.append(hi), axes.append(axis), steps.append(step)
     if axes:
-        name = t.g.node("Slice", [name, t.g.ints(starts), t.g.ints(ends), t.g.ints(axes), t.g.ints(steps)])
+        # Bounds taken from x.shape (SymInts) are computed in the graph, as in basic indexing.
+        name = t.g.node("Slice", [name, t.sizes(starts), t.sizes(ends), t.g.ints(axes), t.sizes(steps)])
     picked = [
-        (axis, item if isinstance(item, tuple) else ("const", np.asarray(int(item))))
+        (axis, item if isinstance(item, tuple) else ("int", item))
         for axis, item in enumerate(flat)
         if not isinstance(item, slice)
     ]
@@ -138,10 +142,10 @@ def translate(t, node, items):
         ((axis, item),) = picked
         t.set(out, t.g.node("Gather", [name, _index_name(t, item)], axis=axis))
         return
-    shapes = [np.shape(p) if k == "const" else p.shape for _, (k, p) in picked]
+    shapes = [p.shape if k == "value" else np.shape(p) for _, (k, p) in picked]
     rank = len(np.broadcast_shapes(*shapes))
-    if all(k == "const" for _, (k, _p) in picked):
-        arrays = np.broadcast_arrays(*[np.asarray(p, dtype=np.int64) for _, (_k, p) in picked])
+    if all(k == "const" or (k == "int" and not isinstance(p, SymInt)) for _, (k, p) in picked):
+        arrays = np.broadcast_arrays(*[np.asarray(int(p) if k == "int" else p, dtype=np.int64) for _, (k, p) in picked])
         index = t.g.constant(np.stack(arrays, axis=-1), "index")
     else:
         names = [_index_name(t, item) for _, item in picked]
