@@ -200,3 +200,11 @@ def test_a_file_without_everyo_metadata_runs_flat(tmp_path):
     assert isinstance(returned, list)  # as before: a list for several outputs
     np.testing.assert_array_equal(returned[0], [[0.0, 2.0]])
     np.testing.assert_array_equal(returned[1], [[1.0, -2.0]])
+
+
+def test_nested_lists_of_numbers_are_one_array(tmp_path):
+    path = eo.export_onnx(eo.Linear(2, 3, seed=0), tmp_path / "m.onnx", example_input=[[1.0, 2.0], [3.0, 4.0]])
+    assert len(onnx.load(str(path)).graph.input) == 1
+    np.testing.assert_allclose(
+        eo.run_onnx(path, [[1.0, 2.0]]), eo.Linear(2, 3, seed=0)(eo.tensor([[1.0, 2.0]])).data, atol=1e-6
+    )

@@ -13,7 +13,8 @@ the compiled callable take and return the same nesting:
 - ``{"dict": [[key, spec], ...]}``: a dict with string keys, by sorted key.
 
 A tuple (at any depth) is always a container. A list is a container when
-its items are Tensors, arrays or containers; a list of numbers is one array.
+its items are Tensors, arrays or containers; a list of numbers (or of lists
+of numbers) is one array.
 Nothing is ever stacked: ``(ids, (h0, c0))`` is three graph inputs.
 """
 
@@ -34,7 +35,11 @@ OUTPUTS_KEY = "everyo.outputs"
 
 
 def _is_container_list(obj):
-    return isinstance(obj, list) and any(isinstance(i, (Tensor, np.ndarray, tuple, list, Mapping)) for i in obj)
+    """A list holding Tensors, arrays, tuples, dicts or such lists; a list of
+    numbers (or of lists of numbers) is one array."""
+    return isinstance(obj, list) and any(
+        isinstance(i, (Tensor, np.ndarray, tuple, Mapping)) or _is_container_list(i) for i in obj
+    )
 
 
 def flatten(obj, leaves, what="example_input", where=""):
