@@ -79,3 +79,14 @@ def test_disabled_block_runs_numpy_and_restores():
         assert kernel_table.get("bfloat16_codes") is None
     assert kernel_table.get("bfloat16_codes") is not None
     assert kernel_table.get("no such kernel") is None
+
+
+def test_eo_kernels_still_callable_once_the_subpackage_is_imported():
+    # Importing everyo.kernels rebinds the attribute everyo.kernels to the subpackage;
+    # the subpackage is callable, so eo.kernels() answers the same either way.
+    import importlib
+
+    package = importlib.import_module("everyo.kernels")
+    assert eo.kernels is package or eo.kernels is kernel_table.kernels
+    assert eo.kernels() == kernel_table.kernels() == package()
+    assert package.TABLE.keys() == EXPECTED
