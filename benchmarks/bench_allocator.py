@@ -23,10 +23,10 @@ from harness import blas_info, machine_info, print_table  # noqa: E402
 CHILD = r"""
 import json, os, resource, statistics, sys, time
 sys.path.insert(0, sys.argv[1])
-from harness import MALLOC_TUNED  # tunes unless EVERYO_BENCH_DEFAULT_MALLOC=1
+from harness import MALLOC_TUNED  # tunes when EVERYO_BENCH_TUNE_MALLOC=1
 assert MALLOC_TUNED == (sys.argv[2] == "tuned") or sys.platform != "linux"
 from bench_core import everyo_mlp, mlp_data, numpy_mlp
-from harness import median_ratio
+from harness import IDLE_GAP, median_ratio
 x, y = mlp_data()
 times, faults = {"everyo": [], "numpy": []}, {"everyo": [], "numpy": []}
 fns = {"everyo": lambda: everyo_mlp(x, y), "numpy": lambda: numpy_mlp(x, y)}
@@ -34,6 +34,7 @@ for fn in fns.values():
     fn()
 for _ in range(7):
     for name, fn in fns.items():
+        time.sleep(IDLE_GAP)  # the previous run's BLAS threads stop spinning
         f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         t0 = time.perf_counter()
         fn()
@@ -48,7 +49,7 @@ print(json.dumps({"ratio": median_ratio(times["everyo"], times["numpy"]),
 
 
 def run(mode):
-    env = dict(os.environ, EVERYO_BENCH_DEFAULT_MALLOC="1" if mode == "default" else "0")
+    env = dict(os.environ, EVERYO_BENCH_TUNE_MALLOC="1" if mode == "tuned" else "0")
     out = subprocess.run(
         [sys.executable, "-c", CHILD, str(HERE), mode], capture_output=True, text=True, check=True, env=env
     )

@@ -15,8 +15,8 @@ Workloads (one SGD step: forward, loss, backward, optimizer step):
 Steps run interleaved (float32, autocast, float32, ...) and a ratio is the median of
 the pairwise ratios, because these 2-core machines flip between a fast and a slow
 state every few seconds. Times are taken with BLAS as configured and limited to one
-thread (threadpoolctl). When torch imports, the same workloads run under PyTorch's
-CPU autocast (float16 and bfloat16) against PyTorch's float32, as ratios too.
+thread (threadpoolctl). PyTorch's CPU autocast runs in its own process:
+``benchmarks/bench_vs_torch.py``.
 Memory: bytes NumPy still holds after forward + loss with the graph alive
 (tracemalloc), i.e. the saved activations.
 
@@ -211,9 +211,9 @@ def blas_threads(n):
     return threadpool_limits(n, user_api="blas")
 
 
-def time_workload(name, case, dtype, scaled, repeats, threads, have_torch):
-    """Interleaved step times: EveryO float32 and autocast, and (with torch) PyTorch's
-    float32 and CPU autocast float16/bfloat16 steps in the same rounds."""
+def time_workload(name, case, dtype, scaled, repeats):
+    """Interleaved step times (each after harness.IDLE_GAP): EveryO float32 and autocast,
+    and the free-conversion copies. PyTorch runs in its own process (bench_vs_torch.py)."""
     make, x, y, loss_fn = case()
     model32, modelmp = make(), make()  # separate identical copies, each trains its own weights
     opt32 = eo.SGD(model32.parameters(), lr=1e-3)
@@ -237,16 +237,10 @@ def time_workload(name, case, dtype, scaled, repeats, threads, have_torch):
         "free conversions": free_step(scans=True),
         "free conversions and scans": free_step(scans=False),
     }
-    if have_torch:
-        fns.update(torch_steps(name))
-    with torch_threads(threads if have_torch else None):
-        times = interleaved(fns, repeats=repeats, warmup=2)
+    times = interleaved(fns, repeats=repeats, warmup=2)
     return (
         {k: statistics.median(v) for k, v in times.items()},
-        {
-            k: median_ratio(v, times["float32" if not k.startswith("torch") else "torch float32"])
-            for k, v in times.items()
-        },
+        {k: median_ratio(v, times["float32"]) for k, v in times.items()},
         times,
     )
 
@@ -270,105 +264,17 @@ def memory_ratio(case, dtype):
         half.set_cast_kernel(previous)
 
 
-# --- PyTorch's CPU autocast on the same workloads ------------------------------------
-def torch_threads(threads):
-    if threads is None:
-        return contextlib.nullcontext()
-    import torch
-
-    @contextlib.contextmanager
-    def limit():
-        previous = torch.get_num_threads()
-        torch.set_num_threads(threads)
-        try:
-            yield
-        finally:
-            torch.set_num_threads(previous)
-
-    return limit()
-
-
-def torch_steps(name):
-    """Zero-argument step functions: PyTorch float32 and CPU autocast float16 / bfloat16."""
-    import torch
-
-    torch.manual_seed(0)
-    nn = torch.nn
-    if name.startswith("seed MLP"):
-
-        def make():
-            return nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 128), nn.ReLU(), nn.Linear(128, 1))
-
-        x, y, loss_fn = torch.randn(4096, 64), torch.randn(4096, 1), nn.functional.mse_loss
-    elif name.startswith("digit CNN"):
-
-        def make():
-            return nn.Sequential(
-                nn.Conv2d(1, 16, 3, padding=1),
-                nn.BatchNorm2d(16),
-                nn.ReLU(),
-                nn.MaxPool2d(2),
-                nn.Conv2d(16, 32, 3, padding=1),
-                nn.BatchNorm2d(32),
-                nn.ReLU(),
-                nn.MaxPool2d(2),
-                nn.Flatten(),
-                nn.Dropout(0.25),
-                nn.Linear(128, 10),
-            )
-
-        x, y, loss_fn = torch.randn(512, 1, 8, 8), torch.randint(0, 10, (512,)), nn.functional.cross_entropy
-    else:
-
-        def torch_gelu(t):
-            return 0.5 * t * (1.0 + torch.tanh(GELU_C * (t + 0.044715 * t * t * t)))
-
-        def make():
-            layer = nn.TransformerEncoderLayer(
-                64, 4, dim_feedforward=128, dropout=0.1, activation=torch_gelu, batch_first=True
-            )
-            return nn.TransformerEncoder(layer, num_layers=2, enable_nested_tensor=False)
-
-        x, y, loss_fn = torch.randn(32, 32, 64), torch.randn(32, 32, 64), nn.functional.mse_loss
-
-    def stepper(dtype):
-        model = make()
-        opt = torch.optim.SGD(model.parameters(), lr=1e-3)
-
-        def step():
-            opt.zero_grad()
-            with torch.autocast("cpu", dtype=dtype, enabled=dtype is not None):
-                out = model(x)
-            loss_fn(out.float(), y).backward()
-            opt.step()
-
-        return step
-
-    return {
-        "torch float32": stepper(None),
-        "torch float16": stepper(torch.float16),
-        "torch bfloat16": stepper(torch.bfloat16),
-    }
-
-
 def main(repeats=9):
     print(machine_info())
     print("BLAS:", blas_info())
-    try:
-        import torch
-
-        print(f"torch {torch.__version__} (threads {torch.get_num_threads()}): PyTorch CPU autocast columns shown")
-        have_torch = True
-    except ImportError:
-        print("torch not importable: PyTorch columns skipped")
-        have_torch = False
+    print("PyTorch's CPU autocast, each framework alone in its own process: python benchmarks/bench_vs_torch.py")
     print()
     rows = []
     for threads in (None, 1):
         label = "default" if threads is None else "1"
         with blas_threads(threads):
             for name, case, dtype, scaled, target in WORKLOADS:
-                medians, ratios, _ = time_workload(name, case, dtype, scaled, repeats, threads, have_torch)
+                medians, ratios, _ = time_workload(name, case, dtype, scaled, repeats)
                 ratio = ratios["autocast"]
                 row = [
                     name,
@@ -381,9 +287,6 @@ def main(repeats=9):
                     ratios["free conversions"],
                     ratios["free conversions and scans"],
                 ]
-                if have_torch:
-                    own = medians["autocast"] / medians[f"torch {dtype}"]
-                    row += [ratios["torch float16"], ratios["torch bfloat16"], own]
                 rows.append(row)
     headers = [
         "workload",
@@ -396,15 +299,11 @@ def main(repeats=9):
         "free conv.",
         "+ free scans",
     ]
-    if have_torch:
-        headers += ["torch f16/f32", "torch bf16/f32", "EveryO/torch autocast"]
     print_table(
         "One SGD training step, autocast vs float32 (float16 steps include GradScaler)\n"
         "times: medians of interleaved runs; ratio: median of pairwise ratios autocast/float32;\n"
         "free conv.: the same ratio for a copy whose large 16-bit conversions cost nothing (see docstring);\n"
-        "+ free scans: and whose inf/NaN scans of the converter's results are skipped too;\n"
-        "torch columns: PyTorch's CPU autocast step / its float32 step, same rounds; last column:\n"
-        "EveryO's autocast step / PyTorch's autocast step in the same 16-bit type (medians)",
+        "+ free scans: and whose inf/NaN scans of the converter's results are skipped too",
         headers,
         rows,
     )

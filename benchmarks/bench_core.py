@@ -6,13 +6,12 @@
    MaxPool 2, Conv2D 3x3 'same' 16->32, ReLU, MaxPool 2, Flatten, Linear 128->10,
    cross-entropy, SGD) on a batch of 256 8x8 images, beside a plain-NumPy
    im2col implementation of the same computation.
-3. One training step of the 28x28 CNN of issue 12 (Conv2D 3x3 1->32, ReLU,
-   MaxPool 2, Conv2D 3x3 32->64, ReLU, Flatten, Linear 7744->10,
-   cross-entropy, SGD) on a batch of 128, beside the same model in PyTorch
-   (NCHW, its default thread count) when torch is importable.
 
-Runs are interleaved (A B A B ...) and the ratio is the median of pairwise
-ratios, because this 2-core machine flips between fast and slow states.
+Runs are interleaved (A B A B ...), each after an idle gap (harness.IDLE_GAP), and
+the ratio is the median of pairwise ratios, because this 2-core machine flips
+between fast and slow states. Both candidates use NumPy's BLAS, so they may share
+a process; the comparison with PyTorch runs each framework in its own process:
+benchmarks/bench_vs_torch.py.
 
     python benchmarks/bench_core.py
 """
@@ -169,91 +168,6 @@ def numpy_cnn_step(params, x, y):
         p -= 0.01 * g
 
 
-def build_cnn28():
-    return eo.Sequential(
-        eo.Conv2D(1, 32, 3, seed=0),
-        eo.ReLU(),
-        eo.MaxPool2D(2),
-        eo.Conv2D(32, 64, 3, seed=1),
-        eo.ReLU(),
-        eo.Flatten(),
-        eo.Linear(11 * 11 * 64, 10, seed=2),
-    )
-
-
-def torch_cnn28_step_fn(model, x, y):
-    """The same model and step in PyTorch, from EveryO's initial weights; None without torch."""
-    try:
-        import torch
-    except ImportError:
-        return None
-    conv1, conv2, lin = model[0], model[3], model[6]
-    net = torch.nn.Sequential(
-        torch.nn.Conv2d(1, 32, 3),
-        torch.nn.ReLU(),
-        torch.nn.MaxPool2d(2),
-        torch.nn.Conv2d(32, 64, 3),
-        torch.nn.ReLU(),
-        torch.nn.Flatten(),
-        torch.nn.Linear(7744, 10),
-    )
-    with torch.no_grad():
-        for tconv, conv in ((net[0], conv1), (net[3], conv2)):
-            tconv.weight.copy_(torch.from_numpy(conv.weight.data.transpose(3, 2, 0, 1).copy()))
-            tconv.bias.copy_(torch.from_numpy(conv.bias.data))
-        # EveryO flattens NHWC, PyTorch NCHW: permute the Linear's input rows to match.
-        w = lin.weight.data.reshape(11, 11, 64, 10).transpose(2, 0, 1, 3).reshape(7744, 10)
-        net[6].weight.copy_(torch.from_numpy(w.T.copy()))
-        net[6].bias.copy_(torch.from_numpy(lin.bias.data))
-    opt = torch.optim.SGD(net.parameters(), lr=0.01)
-    tx = torch.from_numpy(x.transpose(0, 3, 1, 2).copy())
-    ty = torch.from_numpy(y)
-
-    def step():
-        opt.zero_grad()
-        loss = torch.nn.functional.cross_entropy(net(tx), ty)
-        loss.backward()
-        opt.step()
-        return loss.item()
-
-    return step, torch
-
-
-def cnn28_rows():
-    rng = np.random.default_rng(2)
-    x = rng.standard_normal((128, 28, 28, 1)).astype(np.float32)
-    y = rng.integers(0, 10, 128)
-    model = build_cnn28()
-    made = torch_cnn28_step_fn(model, x, y)
-    opt = eo.SGD(model.parameters(), lr=0.01)
-    xt = eo.tensor(x)
-    if made is None:
-        t = interleaved({"everyo": lambda: everyo_cnn_step(model, opt, xt, y)}, repeats=9, warmup=2)
-        return [
-            ["28x28 CNN train step, batch 128", statistics.median(t["everyo"]) * 1e3, "-", "-", "<= 1.3"]
-        ], "torch is not installed: no PyTorch column (pip install torch to compare)."
-    step, torch = made
-    # Same weights, same data: the first losses must agree (same computation).
-    first = eo.cross_entropy(model(xt), y).item()
-    agree = abs(first - step()) < 1e-4
-    t = interleaved({"everyo": lambda: everyo_cnn_step(model, opt, xt, y), "torch": step}, repeats=15, warmup=2)
-    rows = [
-        [
-            "28x28 CNN train step, batch 128",
-            statistics.median(t["everyo"]) * 1e3,
-            statistics.median(t["torch"]) * 1e3,
-            median_ratio(t["everyo"], t["torch"]),
-            "<= 1.3",
-        ]
-    ]
-    note = (
-        f"PyTorch {torch.__version__}, {torch.get_num_threads()} threads; first-step losses "
-        f"{'agree' if agree else 'DISAGREE'} ({first:.6f}); ratio of fastest runs "
-        f"{min(t['everyo']) / min(t['torch']):.3g}"
-    )
-    return rows, note
-
-
 def main():
     print("EveryO core benchmark:", machine_info())
     print("BLAS:", blas_info())
@@ -298,13 +212,7 @@ def main():
     )
     print(f"MLP weights after 60 steps, max |everyo - numpy| = {drift:.2e} (same arithmetic)")
     print()
-    rows, note = cnn28_rows()
-    print_table(
-        "Training time: EveryO vs PyTorch (median of interleaved runs)",
-        ["workload", "everyo ms", "torch ms", "ratio", "target"],
-        rows,
-    )
-    print(note)
+    print("EveryO vs PyTorch (each alone in its own process): python benchmarks/bench_vs_torch.py")
 
 
 if __name__ == "__main__":

@@ -12,14 +12,8 @@ the floor's output and gradients are checked against EveryO's, so the two
 really compute the same thing. Timings alternate A B A B (see harness.py);
 the ratio is the median of the pairwise ratios.
 
-When PyTorch is importable, a second table times the LSTM of issue 12 (batch 32,
-50 steps, 32 -> 128, forward+backward) beside ``torch.nn.LSTM`` with the same
-weights (checked to agree first), both held to the same thread count, and the
-per-step recurrent product alone (h @ W_hh, (32x128) @ (128x512)) in NumPy, as
-``lstm_scan`` computes it (one batched product over the four (128x128) gate
-blocks), and in PyTorch: 100 of those (50 forward, 50 backward) are the largest
-part of the LSTM's time, so their ratio is the BLAS's share of the gap (OpenBLAS
-for NumPy, MKL for PyTorch's wheels).
+The comparison with ``torch.nn.LSTM`` and PyTorch's encoder runs each framework
+in its own process: ``benchmarks/bench_vs_torch.py --workloads lstm,encoder``.
 """
 
 import argparse
@@ -229,82 +223,9 @@ def encoder_case(rng):
     return "Transformer encoder 2x(32x64x128, 4 heads)", everyo_run, floor_run, err
 
 
-# --- beside PyTorch (when importable) ----------------------------------------------------------
-def torch_lstm_rows(torch, repeats, threads):
-    batch, steps, inputs, hidden = 32, 50, 32, 128
-    rng = np.random.default_rng(1)
-    lstm = eo.LSTM(inputs, hidden, seed=0)
-    ref = torch.nn.LSTM(inputs, hidden, batch_first=True)
-    with torch.no_grad():  # PyTorch keeps (4H, in); EveryO keeps (in, 4H), same gate order
-        ref.weight_ih_l0.copy_(torch.from_numpy(lstm.weight_ih_l0.data.T.copy()))
-        ref.weight_hh_l0.copy_(torch.from_numpy(lstm.weight_hh_l0.data.T.copy()))
-        ref.bias_ih_l0.copy_(torch.from_numpy(lstm.bias_ih_l0.data))
-        ref.bias_hh_l0.copy_(torch.from_numpy(lstm.bias_hh_l0.data))
-    x = rng.standard_normal((batch, steps, inputs)).astype(np.float32)
-    dout = rng.standard_normal((batch, steps, hidden)).astype(np.float32)
-    x_t, dout_t = torch.from_numpy(x), torch.from_numpy(dout)
-
-    def everyo_run():
-        lstm.zero_grad()
-        xt = eo.tensor(x, requires_grad=True)
-        out, _ = lstm(xt)
-        out.backward(dout)
-        return [out.data, xt.grad, lstm.weight_hh_l0.grad]
-
-    def torch_run():
-        ref.zero_grad()
-        xt = x_t.clone().requires_grad_()
-        out, _ = ref(xt)
-        out.backward(dout_t)
-        return [out.detach().numpy(), xt.grad.numpy(), ref.weight_hh_l0.grad.numpy().T]
-
-    worst = max(float(np.abs(a - b).max()) for a, b in zip(everyo_run(), torch_run()))
-    if worst > 1e-3:
-        raise SystemExit(f"LSTM: PyTorch disagrees with EveryO by {worst:.3g}; not timing it")
-    h = rng.standard_normal((batch, hidden)).astype(np.float32)
-    w = lstm.weight_hh_l0.data
-    out = np.empty((batch, 4 * hidden), np.float32)
-    h_t, w_t, out_t = torch.from_numpy(h), torch.from_numpy(w), torch.from_numpy(out)
-    # As lstm_scan does it: one batched product over W_hh's four (H, H) gate blocks.
-    w4 = np.ascontiguousarray(w.reshape(hidden, 4, hidden).transpose(1, 0, 2))
-    out4 = np.empty((4, batch, hidden), np.float32)
-
-    def numpy_gemms():
-        for _ in range(100):
-            np.matmul(h, w4, out=out4)
-
-    def torch_gemms():
-        for _ in range(100):
-            torch.matmul(h_t, w_t, out=out_t)
-
-    rows = []
-    for name, ours, theirs, err in [
-        (f"LSTM 32x50, 32 -> 128 (threads={threads})", everyo_run, torch_run, f"{worst:.1e}"),
-        ("  of which: 100 products h @ W_hh", numpy_gemms, torch_gemms, "-"),
-    ]:
-        times = interleaved({"everyo": ours, "torch": theirs}, repeats=repeats, warmup=2)
-        rows.append(
-            [
-                name,
-                statistics.median(times["everyo"]) * 1e3,
-                statistics.median(times["torch"]) * 1e3,
-                median_ratio(times["everyo"], times["torch"]),
-                err,
-            ]
-        )
-    return rows
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=15)
-    parser.add_argument(
-        "--threads",
-        type=int,
-        default=1,
-        help="BLAS and PyTorch threads for the PyTorch comparison (default 1: the machines "
-        "this project runs on are shared)",
-    )
     args = parser.parse_args()
     print(machine_info())
     print(blas_info())
@@ -328,21 +249,8 @@ def main():
         ["model", "EveryO ms", "NumPy floor ms", "ratio (median pairwise)", "max |diff|"],
         rows,
     )
-    try:
-        import torch
-    except ImportError:
-        print("PyTorch is not importable: no comparison with torch.nn.LSTM")
-        return
-    from threadpoolctl import threadpool_limits
-
-    torch.set_num_threads(args.threads)
-    with threadpool_limits(args.threads):
-        rows = torch_lstm_rows(torch, args.repeats, args.threads)
-    print(f"PyTorch {torch.__version__} ({torch.backends.mkl.is_available() and 'MKL' or 'no MKL'})")
-    print_table(
-        f"Beside PyTorch, forward + backward, float32 (median of {args.repeats} interleaved runs)",
-        ["model", "EveryO ms", "PyTorch ms", "ratio (median pairwise)", "max |diff|"],
-        rows,
+    print(
+        "EveryO vs PyTorch (each alone in its own process): python benchmarks/bench_vs_torch.py --workloads lstm,encoder"
     )
 
 

@@ -1,24 +1,53 @@
-"""Shared benchmark helpers: machine/BLAS description, interleaved timing, tables.
+"""Shared benchmark helpers: machine/BLAS description, honest timing, tables.
 
-The 2-core machines this project runs on flip between a fast and a slow state
-every few seconds, so two timings taken one after the other are not comparable.
-``interleaved`` runs the candidates A B A B ... so both see the same states, and
-``median_ratio`` compares them pair by pair. Dependency-free: threadpoolctl is
-used when importable, otherwise ``numpy.show_config``.
+Rules every benchmark here follows (issue 24):
+
+- **What a user gets is the headline.** Nothing is tuned: malloc keeps glibc's
+  defaults (``EVERYO_BENCH_TUNE_MALLOC=1`` opts in to ``eo.tune_allocator()`` for
+  a labelled extra figure) and BLAS keeps its default thread count.
+- **Two frameworks never share a process.** OpenBLAS's worker threads keep
+  spinning for about 0.1-0.2 s after a call (measured: ``python
+  benchmarks/harness.py --gap``), OpenMP's for a while too, so whatever runs next
+  in the same process shares the cores with them. ``alternate_processes`` runs
+  each side alone in a fresh interpreter, A B A B ... for at least 3 rounds, and
+  the figure is the ratio of the medians.
+- **Inside one process, only same-framework A/B** (``interleaved``), and every
+  timed run starts after ``IDLE_GAP`` seconds of sleep so the previous run's
+  spinning threads are asleep.
+
+The 2-core machines this project runs on also flip between a fast and a slow
+state every few seconds, which is why candidates alternate instead of running
+one after the other. Dependency-free: threadpoolctl is used when importable,
+otherwise ``numpy.show_config``.
 """
 
+import contextlib
+import json
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import time
 
-import everyo
+# Measured with ``--gap`` (OpenBLAS 0.3 on 2 cores): after a burst of 256x256
+# products its worker still burns a core 0.05 s later, 17 ms of a 50 ms window at
+# 0.1 s, nothing from 0.2 s; PyTorch's threads are quiet within 0.01 s. 0.3 s
+# leaves a margin.
+IDLE_GAP = 0.3
 
-# Benchmarks time training loops, which opt in to the malloc tuning as training
-# scripts may (importing everyo leaves malloc alone). bench_allocator.py sets
-# EVERYO_BENCH_DEFAULT_MALLOC=1 in a child process to measure glibc's defaults.
-MALLOC_TUNED = os.environ.get("EVERYO_BENCH_DEFAULT_MALLOC") != "1" and everyo.tune_allocator()
+
+def _tune_malloc_if_asked() -> bool:
+    if os.environ.get("EVERYO_BENCH_TUNE_MALLOC") != "1":
+        return False
+    import everyo
+
+    return everyo.tune_allocator()
+
+
+# The headline is untuned; EVERYO_BENCH_TUNE_MALLOC=1 (set by a benchmark for a
+# labelled child process) calls eo.tune_allocator() first.
+MALLOC_TUNED = _tune_malloc_if_asked()
 
 
 def blas_info() -> str:
@@ -68,10 +97,13 @@ def _machine_info() -> str:
     return ", ".join(parts)
 
 
-def interleaved(fns: dict, repeats: int = 7, warmup: int = 1) -> dict:
+def interleaved(fns: dict, repeats: int = 7, warmup: int = 1, gap: float = IDLE_GAP) -> dict:
     """Time each zero-argument callable in ``fns``, alternating between them.
 
-    Runs ``warmup`` untimed rounds, then ``repeats`` rounds of A B C ... A B C.
+    Runs ``warmup`` untimed rounds, then ``repeats`` rounds of A B C ... A B C,
+    each timed run after ``gap`` seconds of sleep (the previous run's BLAS
+    threads stop spinning). For candidates of ONE framework only: comparing two
+    frameworks goes through :func:`alternate_processes`.
     Returns name -> list of seconds per run (one entry per round).
     """
     for _ in range(warmup):
@@ -80,10 +112,58 @@ def interleaved(fns: dict, repeats: int = 7, warmup: int = 1) -> dict:
     times = {name: [] for name in fns}
     for _ in range(repeats):
         for name, fn in fns.items():
+            if gap:
+                time.sleep(gap)
             start = time.perf_counter()
             fn()
             times[name].append(time.perf_counter() - start)
     return times
+
+
+def alternate_processes(commands: dict, rounds: int = 3, env=None, timeout: float = 600) -> dict:
+    """Run each command alone in a fresh process, alternating A B A B ... for ``rounds``.
+
+    ``commands`` maps a name to an argv list; each process must print one JSON
+    object as its last line of standard output. ``env`` maps a name to extra
+    environment variables for that command. Returns name -> list of the parsed
+    objects (one per round). A failing process raises with its standard error.
+    """
+    if rounds < 3:
+        raise ValueError(f"alternate_processes needs at least 3 rounds for a median to mean anything; got {rounds}")
+    results = {name: [] for name in commands}
+    for _ in range(rounds):
+        for name, argv in commands.items():
+            extra = (env or {}).get(name, {})
+            proc = subprocess.run(
+                argv, capture_output=True, text=True, timeout=timeout, env=dict(os.environ, **extra), check=False
+            )
+            if proc.returncode != 0:
+                raise RuntimeError(f"{name}: {' '.join(argv)} exited {proc.returncode}:\n{proc.stderr[-3000:]}")
+            results[name].append(json.loads(proc.stdout.strip().splitlines()[-1]))
+    return results
+
+
+def ratio_of_medians(a, b) -> float:
+    """median(a) / median(b): the cross-process figure (each list one value per process)."""
+    if not a or not b:
+        raise ValueError(f"ratio_of_medians needs two non-empty lists; got {len(a)} and {len(b)}")
+    return statistics.median(a) / statistics.median(b)
+
+
+@contextlib.contextmanager
+def cpu_hogs(n: int = 2):
+    """``n`` CPU-bound processes (``python -c "while True: pass"``) for the block's duration.
+
+    They are this call's own children, ended by their pids on exit."""
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
+    try:
+        time.sleep(0.2)  # let them reach the run queue
+        yield hogs
+    finally:
+        for hog in hogs:
+            hog.kill()
+        for hog in hogs:
+            hog.wait()
 
 
 def median_ratio(times_a, times_b) -> float:
@@ -174,9 +254,47 @@ def plot_ratios(title: str, headers, rows, directory=None):
     return path
 
 
-if __name__ == "__main__":
-    # Self-demo: python benchmarks/harness.py
+def measure_gap(work=None, gaps=(0.0, 0.01, 0.05, 0.1, 0.2, 0.3, 0.5), windows=5) -> list:
+    """CPU time the process burns while its main thread sleeps 50 ms, ``gap`` s after ``work``.
+
+    Spinning BLAS/OpenMP workers show up as CPU time during the sleep; the
+    smallest gap where it is ~0 is the idle gap ``interleaved`` needs.
+    Returns [(gap, median ms burnt)]."""
     import numpy as np
+
+    if work is None:
+        a = np.random.default_rng(0).standard_normal((256, 256), dtype=np.float32)
+
+        def work():
+            for _ in range(20):
+                a @ a
+
+    rows = []
+    for gap in gaps:
+        burnt = []
+        for _ in range(windows):
+            work()
+            time.sleep(gap)
+            c0 = time.process_time()
+            time.sleep(0.05)
+            burnt.append(time.process_time() - c0)
+        rows.append((gap, statistics.median(burnt) * 1e3))
+    return rows
+
+
+if __name__ == "__main__":
+    # Self-demo: python benchmarks/harness.py   (--gap: measure the idle gap)
+    import numpy as np
+
+    if "--gap" in sys.argv:
+        print(machine_info())
+        print(blas_info())
+        print_table(
+            "CPU burnt by NumPy's BLAS threads while the main thread sleeps 50 ms, after 20 256x256 products",
+            ["gap s", "ms burnt (median of 5)"],
+            measure_gap(),
+        )
+        sys.exit(0)
 
     print(machine_info())
     print(blas_info())
