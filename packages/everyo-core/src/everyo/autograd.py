@@ -78,7 +78,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import numpy as np
 
-from everyo import dispatch
+from everyo import _buffers, dispatch
 from everyo.casting import convert
 from everyo.errors import EveryOInPlaceError
 
@@ -551,7 +551,13 @@ def _freed(grad):
 def _accumulate_leaf(node, g):
     if node.grad is None:
         # Own the array: ``g`` may alias another node's gradient or a broadcast view.
-        node.grad = np.array(g, dtype=node.data.dtype, copy=True)
+        dt = node.data.dtype
+        if type(g) is np.ndarray and g.dtype == dt and dt.kind == "f":
+            buf = _buffers.empty(g.shape, dt)  # a recycled buffer (everyo._buffers)
+            np.copyto(buf, g)
+            node.grad = buf
+        else:
+            node.grad = np.array(g, dtype=dt, copy=True)
     else:
         node.grad = node.grad + g
     if node._post_hooks:

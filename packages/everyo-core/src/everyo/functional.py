@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from everyo import _blas, _buffers
 from everyo.axes import check_permutation, normalize_axes, normalize_axis
 from everyo.casting import convert as _convert
 from everyo.dispatch import FLOAT32, LOW_PRECISION, primitive
@@ -96,6 +97,14 @@ def unbroadcast(grad: Array, shape: Shape) -> Array:
     return grad.reshape(shape)
 
 
+def _ufunc(op, x, y):
+    """``op(x, y)``, into a recycled buffer when both are float arrays of one dtype."""
+    if type(x) is np.ndarray and type(y) is np.ndarray and x.dtype == y.dtype and x.dtype.kind == "f":
+        shape = x.shape if x.shape == y.shape else np.broadcast_shapes(x.shape, y.shape)
+        return op(x, y, out=_buffers.empty(shape, x.dtype))
+    return op(x, y)
+
+
 # --- arithmetic ----------------------------------------------------------
 @primitive("add", kind="elementwise", inputs=("a", "b"))
 def add(a: TensorLike, b: TensorLike) -> Tensor:
@@ -106,7 +115,7 @@ def add(a: TensorLike, b: TensorLike) -> Tensor:
     def backward(g):
         return (unbroadcast(g, sa) if a.requires_grad else None, unbroadcast(g, sb) if b.requires_grad else None)
 
-    return Tensor._from_op(a.data + b.data, (a, b), backward)
+    return Tensor._from_op(_ufunc(np.add, a.data, b.data), (a, b), backward)
 
 
 @primitive("sub", kind="elementwise", inputs=("a", "b"))
@@ -118,7 +127,7 @@ def sub(a: TensorLike, b: TensorLike) -> Tensor:
     def backward(g):
         return (unbroadcast(g, sa) if a.requires_grad else None, unbroadcast(-g, sb) if b.requires_grad else None)
 
-    return Tensor._from_op(a.data - b.data, (a, b), backward)
+    return Tensor._from_op(_ufunc(np.subtract, a.data, b.data), (a, b), backward)
 
 
 @primitive("mul", kind="elementwise", inputs=("a", "b"))
@@ -131,7 +140,7 @@ def mul(a: TensorLike, b: TensorLike) -> Tensor:
         gb = unbroadcast(g * a.data, b.data.shape) if b.requires_grad else None
         return ga, gb
 
-    return Tensor._from_op(a.data * b.data, (a, b), backward)
+    return Tensor._from_op(_ufunc(np.multiply, a.data, b.data), (a, b), backward)
 
 
 @primitive("div", kind="elementwise", inputs=("a", "b"))
@@ -195,7 +204,10 @@ def _mm(x, y):
         # broadcast multiply is exact (one product per element) and ~3x
         # faster than BLAS for this shape.
         return x * y
-    return np.matmul(x, y)
+    if x.dtype == y.dtype and x.ndim == y.ndim >= 2 and x.shape[:-2] == y.shape[:-2] and x.dtype.kind == "f":
+        # Into a recycled buffer (see everyo._buffers): the same BLAS call, the same bits.
+        return _blas.matmul(x, y, _buffers.empty(x.shape[:-1] + y.shape[-1:], x.dtype))
+    return _blas.matmul(x, y)
 
 
 @primitive("matmul", LOW_PRECISION, kind="matmul", inputs=("a", "b"))
@@ -493,8 +505,15 @@ def relu(a: TensorLike) -> Tensor:
     a = _t(a)
     if is_low_precision(a.data.dtype):
         return _relu_half(a)
-    out = np.maximum(a.data, 0)
-    return Tensor._from_op(out, (a,), lambda g: (g * (out > 0),))
+    ad = a.data
+    out = np.maximum(ad, 0, out=_buffers.empty(ad.shape, ad.dtype)) if ad.dtype.kind == "f" else np.maximum(ad, 0)
+
+    def backward(g):
+        if g.dtype == out.dtype and g.shape == out.shape:  # the common case, into recycled buffers
+            return (np.multiply(g, np.greater(out, 0, out=_buffers.empty(out.shape, np.bool_)), out=_buffers.empty(g.shape, g.dtype)),)
+        return (g * (out > 0),)
+
+    return Tensor._from_op(out, (a,), backward)
 
 
 def _relu_half(a):

@@ -1,0 +1,166 @@
+"""Recycled result buffers for large op outputs and gradients (issue 24, item 2).
+
+Why: a training step allocates the same megabyte-sized activations and
+gradients every iteration, and EveryO drops them all together at the end of
+the step (the graph frees its saved values, ``zero_grad`` the gradients). On
+glibc, with its default (dynamic) thresholds, the top of the heap then holds
+more free memory than the trim threshold (twice the largest array freed from
+mmap so far, 4 MiB on the seed MLP), so ``free`` gives it back to the OS and
+the next step faults every page in again: 3,650 minor page faults a step on
+the seed MLP (12.5 MiB), against ~330 for the hand-written NumPy loop, whose
+variables keep the previous step's arrays alive until each is replaced.
+``eo.tune_allocator()`` hides this by raising the thresholds process-wide.
+
+What: ops that produce a large float array (at least ``MIN_BYTES``) ask
+:func:`empty` for it and compute into it (``out=``). The pool keeps every
+array it handed out; one is reused for a new result of the same shape and
+dtype only once nothing but the pool refers to it -- the graph has freed it,
+no Tensor holds it, no view of it exists (a view refers to its base), no
+user variable holds it. That is checked with the array's reference count, so
+a buffer can never be handed out while anything in Python can still read it.
+(Only a raw address taken from ``arr.ctypes.data`` or ``__array_interface__``
+escapes the count, as it escapes NumPy's own memory management.)
+
+Bounds: the pool is per thread; it holds at most ``MAX_FREE_BYTES`` of unused
+arrays (the least recently used shapes go first), and :func:`clear` drops
+every unused array now. Nothing process-wide changes: malloc keeps its
+settings, and an array that is not EveryO's own is never touched.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from typing import Any
+
+import numpy as np
+
+__all__ = ["MIN_BYTES", "MAX_FREE_BYTES", "empty", "clear", "stats"]
+
+# glibc's initial mmap threshold: smaller arrays come from the heap's bins, whose
+# reuse malloc already does well.
+MIN_BYTES = 128 * 1024
+# Unused arrays kept at most (per thread): the tuned allocator kept up to 256 MiB.
+MAX_FREE_BYTES = 256 * 1024 * 1024
+
+_local = threading.local()
+_getrefcount = sys.getrefcount
+
+
+class _Pool:
+    __slots__ = ("arrays", "used", "bytes", "tick")
+
+    def __init__(self) -> None:
+        self.arrays: dict[tuple[Any, ...], list[np.ndarray]] = {}
+        self.used: dict[tuple[Any, ...], int] = {}  # key -> tick of its last hand-out
+        self.bytes = 0  # every pooled array, in use or not
+        self.tick = 0
+
+
+def _free_index(arrays: list[np.ndarray]) -> int:
+    """Index of an array nothing but ``arrays`` refers to, or -1."""
+    for i in range(len(arrays)):
+        if _getrefcount(arrays[i]) == _UNREFERENCED:
+            return i
+    return -1
+
+
+def _calibrate() -> int:
+    # The count _free_index sees for an array only the list holds: measured the same
+    # way here rather than assumed, so a different interpreter cannot make it wrong.
+    probe = [np.empty(1)]
+    for i in range(len(probe)):
+        return _getrefcount(probe[i])
+    raise AssertionError("unreachable")
+
+
+_UNREFERENCED = _calibrate()
+
+
+def _pool() -> _Pool:
+    pool = getattr(_local, "pool", None)
+    if pool is None:
+        pool = _local.pool = _Pool()
+    return pool
+
+
+def empty(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+    """An uninitialised C-contiguous array of ``shape`` and ``dtype``; a recycled one
+    when an unreferenced pooled array of that shape and dtype exists.
+
+    Small arrays (under ``MIN_BYTES``) are plain ``np.empty``. The caller must
+    overwrite every element (it is used as an ``out=`` argument).
+    """
+    dtype = np.dtype(dtype)
+    size = 1
+    for n in shape:
+        size *= n
+    nbytes = size * dtype.itemsize
+    if nbytes < MIN_BYTES:
+        return np.empty(shape, dtype)
+    pool = _pool()
+    key = (shape, dtype)
+    pool.tick += 1
+    pool.used[key] = pool.tick
+    arrays = pool.arrays.get(key)
+    if arrays is None:
+        arrays = pool.arrays[key] = []
+    else:
+        i = _free_index(arrays)
+        if i >= 0:
+            return arrays[i]
+    out = np.empty(shape, dtype)
+    arrays.append(out)
+    pool.bytes += nbytes
+    if pool.bytes > MAX_FREE_BYTES:
+        _shrink(pool, keep=key)
+    return out
+
+
+def _shrink(pool: _Pool, keep: tuple[Any, ...]) -> None:
+    """Drop unused arrays, least recently used shapes first, until the unused ones
+    fit in MAX_FREE_BYTES (arrays in use are never dropped: they are not the pool's)."""
+    free = stats()["free_bytes"]
+    for key in sorted(pool.arrays, key=pool.used.__getitem__):
+        if free <= MAX_FREE_BYTES:
+            break
+        if key == keep:
+            continue
+        arrays = pool.arrays[key]
+        kept = []
+        for i in range(len(arrays)):
+            if free > MAX_FREE_BYTES and _getrefcount(arrays[i]) == _UNREFERENCED:
+                free -= arrays[i].nbytes
+                pool.bytes -= arrays[i].nbytes
+            else:
+                kept.append(arrays[i])
+        if kept:
+            pool.arrays[key] = kept
+        else:
+            del pool.arrays[key], pool.used[key]
+
+
+def clear() -> None:
+    """Drop every unused pooled array of the calling thread (arrays in use stay valid)."""
+    pool = _pool()
+    for key in list(pool.arrays):
+        arrays = pool.arrays[key]
+        kept = [arrays[i] for i in range(len(arrays)) if _getrefcount(arrays[i]) != _UNREFERENCED]
+        pool.bytes -= sum(a.nbytes for a in arrays) - sum(a.nbytes for a in kept)
+        if kept:
+            pool.arrays[key] = kept
+        else:
+            del pool.arrays[key], pool.used[key]
+
+
+def stats() -> dict[str, int]:
+    """Pooled arrays of the calling thread: ``arrays``, ``bytes``, ``free_bytes``."""
+    pool = _pool()
+    free = 0
+    count = 0
+    for arrays in pool.arrays.values():
+        for i in range(len(arrays)):
+            count += 1
+            if _getrefcount(arrays[i]) == _UNREFERENCED:
+                free += arrays[i].nbytes
+    return {"arrays": count, "bytes": pool.bytes, "free_bytes": free}

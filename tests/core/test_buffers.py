@@ -1,0 +1,122 @@
+"""Recycled result buffers (everyo._buffers): a buffer is reused only once nothing refers to it."""
+
+import numpy as np
+import pytest
+
+import everyo as eo
+from everyo import _buffers
+
+BIG = (256, 256)  # 256 KiB of float32: above _buffers.MIN_BYTES, so pooled
+
+
+def _big(seed):
+    return eo.tensor(np.random.default_rng(seed).standard_normal(BIG).astype(np.float32))
+
+
+def held_result_survives(make_holder):
+    """Keep something derived from a dropped op result, run many same-shape ops that
+    would reuse a free buffer, and say whether what was kept still has its values."""
+    a, b = _big(0), _big(1)
+    holder, read = make_holder(a, b)
+    expected = np.array(read(holder), copy=True)
+    for _ in range(8):
+        c = eo.relu(a) * b + a  # fresh results of the same shape and dtype
+        del c
+        eo.matmul(b, a)
+    return np.array_equal(read(holder), expected)
+
+
+HOLDERS = {
+    # the array of a result whose Tensor is gone
+    "array": lambda a, b: ((a * b).data, lambda h: h),
+    # a view of it (the view refers to its base)
+    "view": lambda a, b: ((a + b).data[::2, 1:], lambda h: h),
+    # a memoryview of it (the buffer protocol keeps the exporter)
+    "memoryview": lambda a, b: (memoryview(eo.matmul(a, b).data), lambda h: np.asarray(h)),
+    # a Tensor made from it
+    "tensor": lambda a, b: (eo.tensor((a - b).data), lambda h: h.data),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(HOLDERS))
+def test_a_held_result_is_never_recycled(kind):
+    assert held_result_survives(HOLDERS[kind])
+
+
+def test_the_check_catches_a_pool_that_ignores_references(monkeypatch):
+    # The same check against a pool that counts one reference too many as free:
+    # the held array is then handed out again and overwritten. This is what
+    # test_a_held_result_is_never_recycled would see if the pool were wrong.
+    _buffers.clear()
+    monkeypatch.setattr(_buffers, "_UNREFERENCED", _buffers._UNREFERENCED + 1)
+    assert not held_result_survives(HOLDERS["array"])
+    monkeypatch.undo()
+    _buffers.clear()
+
+
+def test_a_free_buffer_is_reused():
+    a, b = _big(2), _big(3)
+    first = (a * b).data
+    address = first.__array_interface__["data"][0]
+    del first
+    again = (a * b).data
+    assert again.__array_interface__["data"][0] == address
+    np.testing.assert_array_equal(again, a.data * b.data)
+
+
+def test_a_kept_gradient_survives_the_next_backward():
+    w = eo.Parameter(np.random.default_rng(4).standard_normal(BIG).astype(np.float32))
+    x = _big(5)
+    eo.sum(eo.matmul(x, w)).backward()
+    kept = w.grad
+    expected = kept.copy()
+    w.grad = None  # what zero_grad does
+    eo.sum(eo.relu(eo.matmul(x, w)) * 3.0).backward()
+    np.testing.assert_array_equal(kept, expected)
+    assert w.grad is not kept
+
+
+def test_saved_activations_are_not_overwritten_before_backward():
+    # Many same-shape results alive in one graph, and more made between forward and
+    # backward: the gradient must equal plain NumPy's.
+    rng = np.random.default_rng(6)
+    xs = rng.standard_normal(BIG).astype(np.float32)
+    ws = [rng.standard_normal((256, 256)).astype(np.float32) * 0.05 for _ in range(3)]
+    x = eo.tensor(xs, requires_grad=True)
+    h = x
+    for w in ws:
+        h = eo.relu(eo.matmul(h, eo.tensor(w))) + h
+    loss = eo.sum(h * h)
+    for _ in range(4):  # churn: results made and dropped while the graph is alive
+        (eo.relu(x) * x).data
+    loss.backward()
+    # plain NumPy reference
+    acts, hn = [], xs
+    for w in ws:
+        z = hn @ w
+        acts.append((hn, z))
+        hn = np.maximum(z, 0) + hn
+    g = 2 * hn
+    for (hin, z), w in zip(reversed(acts), reversed(ws)):
+        g = ((g * (z > 0)) @ w.T) + g
+    np.testing.assert_allclose(x.grad, g, rtol=1e-5, atol=1e-4)
+
+
+def test_small_arrays_are_not_pooled():
+    _buffers.clear()
+    before = _buffers.stats()["arrays"]
+    a = eo.tensor(np.ones((8, 8), np.float32))
+    (a * a).data
+    assert _buffers.stats()["arrays"] == before
+
+
+def test_unused_arrays_are_bounded(monkeypatch):
+    _buffers.clear()
+    monkeypatch.setattr(_buffers, "MAX_FREE_BYTES", 2 * 1024 * 1024)
+    for rows in range(256, 256 + 40):
+        a = eo.tensor(np.ones((rows, 256), np.float32))
+        (a + a).data  # a new shape each time, dropped at once
+    assert _buffers.stats()["free_bytes"] <= 2 * 1024 * 1024 + 300 * 256 * 4
+    held = (a + a).data  # in use: never dropped by the bound
+    _buffers.clear()
+    assert held.sum() == 2 * held.size
