@@ -88,16 +88,17 @@ def test_saved_activations_are_not_overwritten_before_backward():
         h = eo.relu(eo.matmul(h, eo.tensor(w))) + h
     loss = eo.sum(h * h)
     for _ in range(4):  # churn: results made and dropped while the graph is alive
-        (eo.relu(x) * x).data
+        churn = (eo.relu(x) * x).data
+        del churn
     loss.backward()
     # plain NumPy reference
-    acts, hn = [], xs
+    zs, hn = [], xs
     for w in ws:
         z = hn @ w
-        acts.append((hn, z))
+        zs.append(z)
         hn = np.maximum(z, 0) + hn
     g = 2 * hn
-    for (hin, z), w in zip(reversed(acts), reversed(ws)):
+    for z, w in zip(reversed(zs), reversed(ws)):
         g = ((g * (z > 0)) @ w.T) + g
     np.testing.assert_allclose(x.grad, g, rtol=1e-5, atol=1e-4)
 
@@ -106,7 +107,8 @@ def test_small_arrays_are_not_pooled():
     _buffers.clear()
     before = _buffers.stats()["arrays"]
     a = eo.tensor(np.ones((8, 8), np.float32))
-    (a * a).data
+    small = (a * a).data
+    assert small.shape == (8, 8)
     assert _buffers.stats()["arrays"] == before
 
 
@@ -115,7 +117,8 @@ def test_unused_arrays_are_bounded(monkeypatch):
     monkeypatch.setattr(_buffers, "MAX_FREE_BYTES", 2 * 1024 * 1024)
     for rows in range(256, 256 + 40):
         a = eo.tensor(np.ones((rows, 256), np.float32))
-        (a + a).data  # a new shape each time, dropped at once
+        dropped = (a + a).data  # a new shape each time, dropped at once
+        del dropped
     assert _buffers.stats()["free_bytes"] <= 2 * 1024 * 1024 + 300 * 256 * 4
     held = (a + a).data  # in use: never dropped by the bound
     _buffers.clear()

@@ -29,13 +29,15 @@ settings, and an array that is not EveryO's own is never touched.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 
-__all__ = ["MIN_BYTES", "MAX_FREE_BYTES", "empty", "clear", "stats"]
+__all__ = ["MIN_BYTES", "MAX_FREE_BYTES", "empty", "clear", "stats", "suspended"]
 
 # glibc's initial mmap threshold: smaller arrays come from the heap's bins, whose
 # reuse malloc already does well.
@@ -96,7 +98,7 @@ def empty(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
     for n in shape:
         size *= n
     nbytes = size * dtype.itemsize
-    if nbytes < MIN_BYTES:
+    if nbytes < MIN_BYTES or getattr(_local, "suspended", False):
         return np.empty(shape, dtype)
     pool = _pool()
     key = (shape, dtype)
@@ -115,6 +117,20 @@ def empty(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
     if pool.bytes > MAX_FREE_BYTES:
         _shrink(pool, keep=key)
     return out
+
+
+@contextlib.contextmanager
+def suspended() -> Iterator[None]:
+    """No recycling in this thread inside the block: every result is a fresh ``np.empty``.
+
+    For measurements that count allocations (tracemalloc sees a recycled buffer
+    as no allocation at all); the arrays kept are the same either way."""
+    before = getattr(_local, "suspended", False)
+    _local.suspended = True
+    try:
+        yield
+    finally:
+        _local.suspended = before
 
 
 def _shrink(pool: _Pool, keep: tuple[Any, ...]) -> None:

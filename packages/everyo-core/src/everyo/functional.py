@@ -510,7 +510,11 @@ def relu(a: TensorLike) -> Tensor:
 
     def backward(g):
         if g.dtype == out.dtype and g.shape == out.shape:  # the common case, into recycled buffers
-            return (np.multiply(g, np.greater(out, 0, out=_buffers.empty(out.shape, np.bool_)), out=_buffers.empty(g.shape, g.dtype)),)
+            return (
+                np.multiply(
+                    g, np.greater(out, 0, out=_buffers.empty(out.shape, np.bool_)), out=_buffers.empty(g.shape, g.dtype)
+                ),
+            )
         return (g * (out > 0),)
 
     return Tensor._from_op(out, (a,), backward)

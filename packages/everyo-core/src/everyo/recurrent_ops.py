@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from everyo import kernel_table
+from everyo import _blas, kernel_table
 from everyo.dispatch import primitive
 from everyo.sequence_ops import multi_output
 
@@ -150,7 +150,7 @@ def rnn_scan(
     relu = nonlinearity == "relu"
     ended = _ended_rows(lengths, batch, steps)
     for t in _order(steps, reverse):
-        a = np.matmul(h, w, out=hs[t])
+        a = _blas.matmul(h, w, hs[t])
         a += x[:, t]
         if relu:
             np.maximum(a, 0, out=a)
@@ -178,7 +178,7 @@ def rnn_scan(
                 np.multiply(dh, 1 - hs[t] * hs[t], out=d)
             if rows is not None:
                 d[rows] = 0
-            dh = d @ w_t
+            dh = _blas.matmul(d, w_t)
             if rows is not None:
                 dh[rows] = dh_kept
         prev = _previous(hs, h0.data.astype(dt, copy=False), reverse)
@@ -228,7 +228,7 @@ def lstm_scan(
     ``xp`` is (B, T, 4H), ``W_hh`` (H, 4H). Returns ``[outputs (B, T, H),
     h_last (B, H), c_last (B, H)]``. ``lengths`` (B,) marks padding.
     """
-    mul, tanh, matmul = np.multiply, np.tanh, np.matmul
+    mul, tanh, matmul = np.multiply, np.tanh, _blas.matmul  # small products: one BLAS thread
     x, w = xp.data, w_hh.data
     dt = _dtype(x, h0.data, c0.data, w)
     batch, steps, four_h = x.shape
@@ -371,7 +371,7 @@ def gru_scan(
     hp = np.empty((3, batch, H), dtype=dt)  # h_{t-1} @ W_hh + b_hh, gate-major
     ended = _ended_rows(lengths, batch, steps)
     for t in _order(steps, reverse):
-        np.matmul(h, w3, out=hp)
+        _blas.matmul(h, w3, hp)
         hp += bias
         xt = x3[:, t].transpose(1, 0, 2)  # (gate, B, H) view
         gates = np.add(xt[:2], hp[:2], out=rz[t])
@@ -435,7 +435,7 @@ def gru_scan(
             np.copyto(d_hp_step[:2], d_step[:2])
             np.multiply(d_n, r, out=d_hp_step[2])
             np.copyto(dhp, d_hp_step.transpose(1, 0, 2))
-            np.matmul(d_hp_step, w3_t, out=back)
+            _blas.matmul(d_hp_step, w3_t, back)
             np.add.reduce(back, 0, None, carried)
             dh *= z
             dh += carried
