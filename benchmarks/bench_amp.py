@@ -169,7 +169,6 @@ def free_conversions(free, scans=True):
     try:
         yield
     finally:
-        suspend.__exit__(None, None, None)
         half.set_cast_kernel(previous)
         for module, name, original in saved:
             setattr(module, name, original)
