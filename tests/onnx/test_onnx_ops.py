@@ -40,6 +40,10 @@ def floats(*shape, positive=False, seed=0):
 # (id, forward, input maker, parameters). Shapes are small and distinct so a wrong axis cannot pass.
 OPS = [
     ("add_scalar", lambda m, x: x + 2.0, floats(3, 4), {}),
+    # a traced size as a number (a mean over the dynamic batch), and as the shape of zeros/ones: computed in the graph
+    ("size_as_a_divisor", lambda m, x: x.sum(axis=0) / x.shape[0], floats(3, 4), {}),
+    ("zeros_of_a_traced_size", lambda m, x: x + eo.zeros(x.shape[0], 3, 1), floats(3, 4), {}),
+    ("ones_of_a_traced_shape", lambda m, x: x * eo.ones(x.shape), floats(3, 4), {}),
     # eo.arange of a traced size (the batch axis, which the test varies): a Range node, not the traced numbers
     (
         "arange_of_a_traced_size",

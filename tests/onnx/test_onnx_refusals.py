@@ -224,7 +224,7 @@ class Looped(eo.Module):
 
 class BakedZeros(eo.Module):
     def forward(self, x):
-        return x + eo.zeros(*x.shape)  # a constant of the traced size
+        return x + eo.zeros(*x.data.shape)  # a constant of the traced size (x.shape the graph would follow)
 
 
 class TwoBakedSizes(eo.Module):

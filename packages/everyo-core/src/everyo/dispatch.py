@@ -453,13 +453,20 @@ def _cast_operands(op, policy, args, kwargs):
     return args, kwargs
 
 
-def _constant(value, like):
-    """A non-Tensor operand as the constant Tensor the op's body makes of it."""
+def _constant(value, like, tracer=None):
+    """A non-Tensor operand as the constant Tensor the op's body makes of it.
+
+    A number of a subclass of int or float (a tracer's symbolic size, such as
+    ``x.shape[1]``) is shown to the tracer's optional ``scalar_operand(number,
+    tensor)``, so that it can record where the number came from."""
     Tensor = _tensor_type()
     if isinstance(value, Tensor) or value is None:
         return value
     if _is_python_scalar(value) and like is not None:
-        return Tensor(np.asarray(value, dtype=np.result_type(like.data.dtype, value)))
+        out = Tensor(np.asarray(value, dtype=np.result_type(like.data.dtype, _plain(value))))
+        if type(value) not in (bool, int, float, complex) and hasattr(tracer, "scalar_operand"):
+            tracer.scalar_operand(value, out)
+        return out
     return Tensor(value)
 
 
@@ -474,8 +481,11 @@ def _traced(op, tracer, args, kwargs):
         return op.run(*args, **kwargs)  # inside another primitive: not recorded
     token = _depth.set(1)
     try:
-        out = op.run(*args, **kwargs)
-        inputs, attrs = _describe(op, args, kwargs)
+        # The tracer may hand user code symbolic sizes (int subclasses, for x.shape); the op computes
+        # with plain ints (NumPy takes an int subclass as a strong int64: float32 * it would be float64)
+        # and the tracer is told the numbers as given.
+        out = op.run(*_plain(args), **{k: _plain(v) for k, v in kwargs.items()})
+        inputs, attrs = _describe(op, args, kwargs, tracer)
         outputs = tuple(out) if isinstance(out, (list, tuple)) else (out,)
         tracer.record(op.name, inputs, outputs, attrs)
     finally:
@@ -483,7 +493,22 @@ def _traced(op, tracer, args, kwargs):
     return out
 
 
-def _describe(op, args, kwargs):
+def _plain(x):
+    """``x`` with every int of a subclass of int (bool aside) made a plain int,
+    inside tuples, lists and slices."""
+    kind = type(x)
+    if kind is int or kind is bool or kind is float or x is None:
+        return x
+    if isinstance(x, int) and not isinstance(x, bool):
+        return int(x)
+    if kind is tuple or kind is list:
+        return kind(_plain(v) for v in x)
+    if kind is slice:
+        return slice(_plain(x.start), _plain(x.stop), _plain(x.step))
+    return x
+
+
+def _describe(op, args, kwargs, tracer=None):
     """(inputs, attrs) of one call, as the tracer contract defines them."""
     Tensor = _tensor_type()
     bound = op.signature.bind(*args, **kwargs)
@@ -497,9 +522,9 @@ def _describe(op, args, kwargs):
     inputs = []
     for (_pname, _, mode), value in zip(op._slots, given):
         if mode != "one":
-            inputs.extend(_constant(v, like) for v in value)
+            inputs.extend(_constant(v, like, tracer) for v in value)
         else:
-            inputs.append(_constant(value, like))
+            inputs.append(_constant(value, like, tracer))
     attrs = {k: v for k, v in arguments.items() if k not in operand_names}
     for pname, param in op.signature.parameters.items():
         if param.kind is param.VAR_KEYWORD and pname in attrs:

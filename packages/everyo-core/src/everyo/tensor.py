@@ -449,11 +449,15 @@ def _shape(shape: tuple[Any, ...]) -> tuple[int, ...]:
     return tuple(shape)
 
 
+# ones, zeros and arange are table ops (kind "creation"), so that the exporter can record them when
+# their sizes come from x.shape while tracing (eo.zeros(B, H) for a first hidden state).
+@dispatch.primitive("ones", kind="creation", inputs=(), differentiable=False)
 def ones(*shape: int | Sequence[int], dtype: DType = "float32", requires_grad: bool = False) -> Tensor:
     """A Tensor of ones of ``shape`` (ints or one tuple)."""
     return Tensor(np.ones(_shape(shape), dtype=dtype), requires_grad=requires_grad)
 
 
+@dispatch.primitive("zeros", kind="creation", inputs=(), differentiable=False)
 def zeros(*shape: int | Sequence[int], dtype: DType = "float32", requires_grad: bool = False) -> Tensor:
     """A Tensor of zeros of ``shape`` (ints or one tuple)."""
     return Tensor(np.zeros(_shape(shape), dtype=dtype), requires_grad=requires_grad)
@@ -472,8 +476,5 @@ def randn(
 
 @dispatch.primitive("arange", kind="creation", inputs=(), differentiable=False)
 def arange(*args: float, dtype: DType | None = None) -> Tensor:
-    """``np.arange(*args, dtype=dtype)`` as a Tensor (no gradient).
-
-    A table op, so that the exporter can record ``eo.arange(T)`` with ``T``
-    a traced size (a ``Range`` node) instead of the traced numbers."""
+    """``np.arange(*args, dtype=dtype)`` as a Tensor (no gradient)."""
     return Tensor(np.arange(*args, dtype=dtype))

@@ -152,3 +152,24 @@ def arange(t, node):
         return t.g.scalar(v, dtype, what)
 
     t.set(node.outputs[0], t.g.node("Range", [scalar(start, "start"), scalar(stop, "limit"), scalar(step, "delta")]))
+
+
+@_rule("zeros", "ones")
+def filled(t, node):
+    # Recorded only when a size is a traced one (eo.zeros(B, H)); else folded to a constant.
+    shape = tuple(node.attrs["shape"])
+    if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
+        shape = tuple(shape[0])
+    out = node.outputs[0]
+    from onnx import numpy_helper
+
+    fill = numpy_helper.from_array(np.full((1,), 0 if node.op == "zeros" else 1, dtype=out.dtype))
+    t.set(out, t.g.node("ConstantOfShape", [t.sizes(shape, "shape")], value=fill))
+
+
+@_rule("size")
+def size(t, node):
+    # A traced size used as a number in arithmetic (x.sum(1) / x.shape[1]): computed from the shapes.
+    out = node.outputs[0]
+    value = t.g.squeeze(t.size(node.attrs["value"]), [0])
+    t.set(out, value if out.dtype == np.int64 else t.g.cast(value, out.dtype))

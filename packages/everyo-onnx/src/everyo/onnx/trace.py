@@ -198,6 +198,24 @@ class Tracer:
             self.consumers.setdefault(id(v), []).append((node, None))
         self.nodes.append(node)
 
+    def scalar_operand(self, number, tensor):
+        """Core wrapped ``number``, a Python number operand, as the constant
+        ``tensor``; a traced size (``x / x.shape[1]``) is recorded as a
+        ``size`` node computing it from the shapes, so it is not a constant."""
+        if not isinstance(number, SymInt):
+            return
+        deps = []
+        for leaf, _ in symbolic.leaves(number):
+            if all(leaf is not d for d in deps):
+                deps.append(leaf)
+        node = Node(len(self.nodes), "size", [], {"value": number}, user_line(), deps)
+        value = Value("node", tensor, node=node)
+        self.values[id(tensor)] = value
+        node.outputs.append(value)
+        for v in deps:
+            self.consumers.setdefault(id(v), []).append((node, None))
+        self.nodes.append(node)
+
     def symbolic_shape(self, tensor):
         """``tensor.shape`` with a SymInt on every axis that may change size."""
         value = self.values.get(id(tensor))
