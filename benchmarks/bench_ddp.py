@@ -20,6 +20,16 @@ Run it as the spec's training is run, ``OMP_NUM_THREADS=1``: on a busy
 machine a multi-threaded BLAS in the single process spin-waits for cores.
 
 Target (issue 15): 2 workers >= 1.85x one process on both models.
+
+    python benchmarks/bench_ddp.py --recovery        # elastic restart: recovery time (issue 27)
+
+measures, for 2 and 3 workers, on shared memory (``spawn(max_restarts=1,
+snapshot_every=4)``) and TCP (``python -m everyo.distributed.run``), the time
+from a worker's SIGKILL (at step 12 of the seed MLP's training) to the end of
+the first step after the job resumed from its in-memory snapshot: stopping the
+survivors, starting every worker again (interpreter, imports, rendezvous,
+``DistributedDataParallel``), loading the snapshot and one step. Targets:
+<= 2 s with 2 workers, <= 3 s with 3.
 """
 
 import argparse
@@ -93,11 +103,84 @@ def worker(group, widths, batch, steps, wrap=True):
     return run(group, widths, batch, steps, wrap)
 
 
+KILL_AT, RECOVERY_STEPS, EVERY = 12, 16, 4
+
+
+def recovery_worker(group, out_dir):
+    """The seed MLP under DDP + elastic; the last rank dies at KILL_AT on the first attempt (timestamps in out_dir)."""
+    import signal
+
+    import everyo as eo
+    from everyo.distributed import DistributedDataParallel, elastic
+
+    widths, batch = (16, 32, 32, 1), 4096
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((batch // group.world_size, widths[0])).astype(np.float32)
+    y = np.sin(x[:, :1])
+    model = DistributedDataParallel(build(widths), group)
+    optimizer = eo.SGD(model.parameters(), lr=0.01)
+    state = elastic.state(model, optimizer)
+    for step in range(state.step, RECOVERY_STEPS):
+        if step == KILL_AT and state.restarts == 0 and group.rank == group.world_size - 1:
+            with open(os.path.join(out_dir, "death"), "w") as f:
+                f.write(repr(time.time()))
+            os.kill(os.getpid(), signal.SIGKILL)
+        optimizer.zero_grad()
+        eo.mean((model(eo.tensor(x)) - eo.tensor(y)) ** 2).backward()
+        optimizer.step()
+        if state.restarts and step == state.step and group.rank == 0:
+            with open(os.path.join(out_dir, "resume"), "w") as f:
+                f.write(repr(time.time()))
+
+
+def recovery(rounds):
+    import subprocess
+    import tempfile
+
+    from everyo.distributed import spawn
+
+    print("elastic restart: death (SIGKILL at step 12) to the end of the first step after resuming, seconds")
+    print(f"{'backend':<14}{'workers':>8}{'median':>10}{'max':>10}{'target':>10}{'met':>6}")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    for backend in ("shared memory", "TCP"):
+        for world in (2, 3):
+            times = []
+            for _ in range(rounds):
+                with tempfile.TemporaryDirectory() as out:
+                    if backend == "TCP":
+                        command = [sys.executable, "-m", "everyo.distributed.run", "--nproc", str(world)]
+                        command += ["--max-restarts", "1", "--snapshot-every", str(EVERY), __file__]
+                        subprocess.run(command + ["--recovery-worker", out], env=env, check=True, capture_output=True)
+                    else:
+                        spawn(recovery_worker, world, args=(out,), max_restarts=1, snapshot_every=EVERY)
+                    with open(os.path.join(out, "death")) as f, open(os.path.join(out, "resume")) as g:
+                        times.append(float(g.read()) - float(f.read()))
+            target = 2.0 if world == 2 else 3.0
+            worst = max(times)
+            print(
+                f"{backend:<14}{world:>8}{statistics.median(times):>10.2f}{worst:>10.2f}"
+                f"{'<= %.0f' % target:>10}{str(worst <= target):>6}"
+            )
+    print(f"load average {os.getloadavg()[0]:.2f} after the runs")
+
+
 def main():
     parser = argparse.ArgumentParser(description="DistributedDataParallel benchmark")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--recovery", action="store_true", help="elastic restart's recovery time instead")
+    parser.add_argument("--recovery-worker", metavar="DIR", help=argparse.SUPPRESS)  # a TCP launcher's worker
     args = parser.parse_args()
+    if args.recovery_worker:
+        from everyo.distributed_tcp import init_tcp_process_group
+
+        with init_tcp_process_group() as group:
+            recovery_worker(group, args.recovery_worker)
+        return
+    if args.recovery:
+        print(f"load average {os.getloadavg()[0]:.2f}")
+        recovery(args.rounds)
+        return
 
     from threadpoolctl import threadpool_info
 
