@@ -157,9 +157,10 @@ def recovery(rounds):
                         times.append(float(g.read()) - float(f.read()))
             target = 2.0 if world == 2 else 3.0
             worst = max(times)
+            limit = f"<= {target:.0f}"
             print(
                 f"{backend:<14}{world:>8}{statistics.median(times):>10.2f}{worst:>10.2f}"
-                f"{'<= %.0f' % target:>10}{str(worst <= target):>6}"
+                f"{limit:>10}{str(worst <= target):>6}"
             )
     print(f"load average {os.getloadavg()[0]:.2f} after the runs")
 
