@@ -39,6 +39,7 @@ from everyo.distributed import (
     DistributedSampler,
     available_cores,
     average_gradients,
+    elastic,
     shard_indices,
     spawn,
 )
@@ -83,7 +84,10 @@ def train(inputs, targets, steps, group=None, ddp=False):
             rows = shard_indices(len(inputs), group.rank, group.world_size)
         inputs, targets = inputs[rows], targets[rows]
     xs, ys = eo.tensor(inputs), eo.tensor(targets)
-    for _ in range(steps):
+    first = 0
+    if group is not None and ddp:  # after an elastic restart: resume from the in-memory snapshot
+        first = elastic.state(model, optimizer).step
+    for _ in range(first, steps):
         optimizer.zero_grad()
         residual = model(xs) - ys
         eo.mean(residual * residual).backward()
@@ -106,8 +110,11 @@ def worker(group, inputs, targets, steps, repeats, ddp=False):
     return weights, seconds, rows
 
 
+ELASTIC = {}  # --max-restarts, --snapshot-every
+
+
 def launch_shm(worker_fn, world_size, args):
-    return spawn(worker_fn, world_size, args=args)
+    return spawn(worker_fn, world_size, args=args, **ELASTIC)
 
 
 def tcp_worker(shm_group, worker_fn, args):
@@ -211,8 +218,11 @@ def main(argv=None):
     parser.add_argument(
         "--ddp", action="store_true", help="DistributedDataParallel + DistributedSampler instead of average_gradients"
     )
+    parser.add_argument("--max-restarts", type=int, default=0, help="shm: restart the workers if one dies")
+    parser.add_argument("--snapshot-every", type=int, default=0, help="shm + --ddp: resume from a snapshot")
     parser.add_argument("--mpi-child", metavar="DIR", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    ELASTIC.update(max_restarts=args.max_restarts, snapshot_every=args.snapshot_every)
     if args.mpi_child:
         return mpi_child(args.mpi_child, args.steps, args.repeats, args.ddp)
     launch = LAUNCHERS[args.backend]
