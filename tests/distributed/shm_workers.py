@@ -208,9 +208,12 @@ def spec_worker(group, inputs, targets, steps):
 
 def loops_forever(group, pid_dir):
     """Writes its pid, then keeps calling collectives until it is stopped from outside."""
-    with open(os.path.join(pid_dir, f"rank{group.rank}.pid"), "w") as f:
-        f.write(str(os.getpid()))
     x = np.ones(10)
+    group.all_reduce_sum(x)  # the pid file appears once every rank is inside the loop (the test waits for it)
+    path = os.path.join(pid_dir, f"rank{group.rank}.pid")
+    with open(path + ".tmp", "w") as f:
+        f.write(str(os.getpid()))
+    os.replace(path + ".tmp", path)
     while True:
         group.all_reduce_sum(x)
         time.sleep(0.005)
@@ -288,8 +291,16 @@ def more_collectives_battery(group):
     return out
 
 
-def everyone_works_then_meets(group, seconds=1.5):
-    """In step, every rank computes for a while outside the collectives (nobody waits), then a barrier."""
+def everyone_works_then_meets(group, seconds=1.5, meet_dir=None):
+    """In step, every rank computes for a while outside the collectives (nobody waits), then a barrier.
+
+    With ``meet_dir``, the ranks first meet through files there, outside the collectives, so that a
+    slow start-up of one rank (a loaded machine) is not a rank waiting in a collective.
+    """
+    if meet_dir is not None:
+        open(os.path.join(meet_dir, f"ready{group.rank}"), "w").close()
+        while not all(os.path.exists(os.path.join(meet_dir, f"ready{r}")) for r in range(group.world_size)):
+            time.sleep(0.001)
     group.barrier()
     time.sleep(seconds)
     group.barrier()

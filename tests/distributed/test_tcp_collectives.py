@@ -236,10 +236,9 @@ def test_oversized_length_is_refused_before_reading_the_payload():
     with a, b:
         # Announce a 1 GiB control frame and send nothing more: the reader must refuse at once, not wait.
         a.sendall(wire.pack_header(wire.HELLO, 1 << 30))
-        start = time.monotonic()
+        # (A reader that waited for the payload would time out instead, with another error.)
         with pytest.raises(wire.ProtocolError, match="limit is"):
-            wire.recv_frame(b, (wire.HELLO,), time.monotonic() + 5, "peer", "test")
-        assert time.monotonic() - start < 4
+            wire.recv_frame(b, (wire.HELLO,), time.monotonic() + 60, "peer", "test")
 
 
 def test_token_resolution(monkeypatch):

@@ -22,7 +22,7 @@ from everyo.errors import EveryODistributedError
 def no_leftover_threads():
     before = set(threading.enumerate())
     yield
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + 60  # a safety net: the threads end as soon as their sockets close
     while time.monotonic() < deadline:
         extra = [t for t in threading.enumerate() if t not in before and t.is_alive()]
         if not extra:
@@ -103,7 +103,7 @@ def test_without_a_token_a_conflicting_or_malformed_join_is_refused_alone(rogue)
         first = []
         holder = threading.Thread(target=lambda: first.extend(join_in_threads(server.port, [(1, 2, None)])))
         holder.start()  # rank 1 is taken by the genuine worker
-        deadline = time.monotonic() + 5
+        deadline = time.monotonic() + 60  # a safety net: the genuine worker's JOIN arrives first
         while not server._members and time.monotonic() < deadline:
             time.sleep(0.01)
         reply = rogue_join(server.port, rank, world_size, malformed=malformed)
@@ -411,12 +411,12 @@ def test_peer_disconnecting_mid_collective():
             return exc, time.monotonic() - start
         return "no error", None
 
-    results, errors, _ = run_in_threads(2, body, timeout=30)
+    results, errors, _ = run_in_threads(2, body, timeout=600)
     assert errors == [None, None]
-    error, seconds = results[0]
+    error, _ = results[0]
     assert isinstance(error, EveryODistributedError), error
+    # Noticed at the hang-up (a wait for the 600 s timeout would end in "timed out" instead).
     assert "rank 1 closed its connection" in str(error) and "rank 0, in all_reduce_sum" in str(error)
-    assert seconds < 10  # well before the 30 s timeout
 
 
 def test_garbage_from_a_peer_mid_collective_is_a_protocol_error():
@@ -517,12 +517,11 @@ def test_peer_process_killed_while_rank_0_waits(tmp_path):
             [sys.executable, "-c", code, str(server.port)], env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
         )
         try:
-            group = init_tcp_process_group("127.0.0.1", server.port, 0, 2, timeout=30)
-            start = time.monotonic()
+            # (with a 600 s timeout: a wait for it would end in "timed out", not in the message below)
+            group = init_tcp_process_group("127.0.0.1", server.port, 0, 2, timeout=600)
             with group, pytest.raises(EveryODistributedError, match="rank 1 closed its connection"):
                 group.all_reduce_mean(np.ones(10, np.float32))
-            assert time.monotonic() - start < 10  # noticed at the death, not at the 30 s timeout
-            assert child.wait(10) == -9  # it really died by its own SIGKILL
+            assert child.wait(120) == -9  # it really died by its own SIGKILL (120 s: a safety net only)
         finally:
             if child.poll() is None:
                 child.kill()
