@@ -110,7 +110,7 @@ def worker(group, inputs, targets, steps, repeats, ddp=False):
     return weights, seconds, rows
 
 
-ELASTIC = {}  # --max-restarts, --snapshot-every
+ELASTIC: dict[str, int] = {}  # --max-restarts, --snapshot-every
 
 
 def launch_shm(worker_fn, world_size, args):

@@ -67,8 +67,28 @@ def write_error_file(exc: BaseException, path: str | None = None) -> None:
         pass  # the launcher still reports the exit code
 
 
+def _standby() -> list[str] | None:
+    """A spare: load what a worker needs, then wait for ``{"env": ..., "argv": ...}`` on stdin."""
+    import everyo.distributed.ddp  # noqa: F401
+    import everyo.distributed.elastic  # noqa: F401
+    import everyo.distributed_tcp  # noqa: F401
+
+    line = sys.stdin.buffer.readline()
+    if not line.strip():
+        return None  # the launcher has no work for this spare
+    order = json.loads(line)
+    os.environ.clear()
+    os.environ.update({str(k): str(v) for k, v in order["env"].items()})
+    return [str(a) for a in order["argv"]]
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "--standby":
+        standby = _standby()
+        if standby is None:
+            return
+        argv = standby
     script = argv[0]
     sys.argv = list(argv)
     sys.path.insert(0, os.path.dirname(os.path.abspath(script)))

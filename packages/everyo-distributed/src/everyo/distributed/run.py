@@ -181,8 +181,38 @@ def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
             p.wait()
 
 
-def run_attempt(args: argparse.Namespace, attempt: int, run_id: str, workdir: str) -> list[Failure]:
-    """Start the workers once and supervise them; the failures (empty: every worker exited with 0)."""
+def start_spares(nproc: int) -> list[subprocess.Popen[bytes]]:
+    """Workers for the next restart, started ahead: each imports NumPy and everyo, then waits on its
+    stdin for its environment and command line (``_worker --standby``), so a restart costs no
+    interpreter start-up."""
+    command = [sys.executable, "-m", "everyo.distributed._worker", "--standby"]
+    return [
+        subprocess.Popen(command, stdin=subprocess.PIPE, preexec_fn=_die_with_parent)  # noqa: PLW1509
+        for _ in range(nproc)
+    ]
+
+
+def stop_spares(spares: list[subprocess.Popen[bytes]]) -> None:
+    for proc in spares:
+        try:
+            assert proc.stdin is not None
+            proc.stdin.close()  # end of input: a spare that has nothing to run exits
+        except OSError:
+            pass
+    _stop(spares)
+
+
+def run_attempt(
+    args: argparse.Namespace,
+    attempt: int,
+    run_id: str,
+    workdir: str,
+    spares: list[subprocess.Popen[bytes]] | None = None,
+    next_spares: list[list[subprocess.Popen[bytes]]] | None = None,
+) -> list[Failure]:
+    """Start the workers once (``spares``, if given, become them) and supervise them; the failures
+    (empty: every worker exited with 0). With ``next_spares``, the next restart's spares are started
+    once these workers are, and appended to it."""
     host = args.master_addr or "127.0.0.1"
     port = args.master_port or _free_port(host)
     procs: list[subprocess.Popen[bytes]] = []
@@ -206,8 +236,21 @@ def run_attempt(args: argparse.Namespace, attempt: int, run_id: str, workdir: st
             "EVERYO_SNAPSHOT_EVERY": str(args.snapshot_every),
             "EVERYO_ELASTIC_BASE": args.snapshot_base,
         }
-        command = [sys.executable, "-m", "everyo.distributed._worker", args.script, *args.script_args]
-        procs.append(subprocess.Popen(command, env=env, preexec_fn=_die_with_parent))  # noqa: PLW1509
+        argv = [args.script, *args.script_args]
+        if spares:
+            proc = spares[rank]
+            try:
+                assert proc.stdin is not None
+                proc.stdin.write(json.dumps({"env": env, "argv": argv}).encode() + b"\n")
+                proc.stdin.close()
+            except OSError:
+                pass  # it died while waiting: supervised like any other rank
+            procs.append(proc)
+        else:
+            command = [sys.executable, "-m", "everyo.distributed._worker", *argv]
+            procs.append(subprocess.Popen(command, env=env, preexec_fn=_die_with_parent))  # noqa: PLW1509
+    if next_spares is not None:
+        next_spares.append(start_spares(args.nproc))
     failures: list[Failure] = []
     try:
         _supervise(procs, files, attempt, failures)
@@ -333,19 +376,29 @@ def main(argv: list[str] | None = None) -> int:
 def _run_all(args: argparse.Namespace, run_id: str, history: list[Failure]) -> int:
     failures: list[Failure] = []
     with tempfile.TemporaryDirectory(prefix="everyo-run-") as workdir:
-        for attempt in range(args.max_restarts + 1):
-            failures = run_attempt(args, attempt, run_id, workdir)
-            if not failures:
-                return 0
-            history.extend(failures)
-            cause = root_cause(failures, args.nproc)
-            if attempt < args.max_restarts:
-                print(
-                    f"everyo.distributed.run: rank {cause.rank if cause else '?'} failed "
-                    f"({cause.message or _exit_text(cause.exitcode) if cause else ''}); "
-                    f"restarting all {args.nproc} workers ({attempt + 1}/{args.max_restarts})",
-                    file=sys.stderr,
-                )
+        spares: list[subprocess.Popen[bytes]] | None = None
+        try:
+            for attempt in range(args.max_restarts + 1):
+                started: list[list[subprocess.Popen[bytes]]] = []
+                try:
+                    nxt = started if attempt < args.max_restarts else None
+                    failures = run_attempt(args, attempt, run_id, workdir, spares, nxt)
+                finally:
+                    spares = started[0] if started else None
+                if not failures:
+                    return 0
+                history.extend(failures)
+                cause = root_cause(failures, args.nproc)
+                if attempt < args.max_restarts:
+                    print(
+                        f"everyo.distributed.run: rank {cause.rank if cause else '?'} failed "
+                        f"({cause.message or _exit_text(cause.exitcode) if cause else ''}); "
+                        f"restarting all {args.nproc} workers ({attempt + 1}/{args.max_restarts})",
+                        file=sys.stderr,
+                    )
+        finally:
+            if spares is not None:
+                stop_spares(spares)
     final = root_cause(failures, args.nproc)  # the last attempt's; every attempt's failures are listed
     print(summary(args.script, history, final), file=sys.stderr)
     code = final.exitcode if final is not None else 1

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import functools
 import multiprocessing
 import os
 import signal
@@ -130,22 +131,106 @@ def spawn(
     from everyo.distributed import elastic
 
     base = new_segment_name("everyo").lstrip("/") + "_snap"
+
+    def env(attempt: int) -> dict[str, str]:
+        return {
+            **updates,
+            elastic.BASE_ENV: "/" + base,
+            elastic.EVERY_ENV: str(snapshot_every),
+            elastic.RESTART_ENV: str(attempt),
+        }
+
     failures: list[EveryODistributedError] = []
+    spares: _Spares | None = None
     try:
         for attempt in range(max_restarts + 1):
-            env = {
-                **updates,
-                elastic.BASE_ENV: "/" + base,
-                elastic.EVERY_ENV: str(snapshot_every),
-                elastic.RESTART_ENV: str(attempt),
-            }
+            current, spares = spares, None
+            # The next attempt's workers start once this attempt's have, and wait, imported, for their
+            # rank: a restart then costs no interpreter start-up (most of a restart's time under load).
+            start_spares = None
+            if attempt < max_restarts:
+                start_spares = functools.partial(_Spares, worker, args, world_size, env(attempt + 1))
+            started: list[_Spares] = []
             try:
-                return _spawn_once(worker, world_size, args, timeout, stall_timeout, env)
+                return _spawn_once(
+                    worker, world_size, args, timeout, stall_timeout, env(attempt), current, start_spares, started
+                )
             except EveryODistributedError as exc:
                 failures.append(exc)
+            finally:
+                spares = started[0] if started else None
         raise _exhausted(failures, max_restarts)
     finally:
+        if spares is not None:
+            spares.close()
         elastic.remove_snapshots("/" + base, world_size)
+
+
+class _Spares:
+    """``world_size`` processes started ahead of a restart: the interpreter is up and the worker
+    unpickled (its module imported); each waits on a pipe for its rank and group (``_standby_main``)."""
+
+    def __init__(self, worker, args, world_size, env):
+        context = multiprocessing.get_context("spawn")
+        self.processes, self.pipes, self.gos = [], [], []
+        with _ENVIRONMENT_LOCK, _environment(env):
+            for _ in range(world_size):
+                reader, writer = context.Pipe(duplex=False)
+                go_reader, go_writer = context.Pipe(duplex=False)
+                process = context.Process(
+                    target=_standby_main, args=(worker, args, go_reader, writer, os.getpid()), name="everyo-spare"
+                )
+                try:
+                    process.start()
+                finally:
+                    writer.close()
+                    go_reader.close()
+                self.processes.append(process)
+                self.pipes.append(reader)
+                self.gos.append(go_writer)
+
+    def go(self, world_size, control_name):
+        """Hand every spare its rank; returns (processes, result pipes) as a fresh start would."""
+        for rank, go in enumerate(self.gos):
+            try:
+                go.send((rank, world_size, control_name))
+            except OSError:
+                pass  # it died while waiting: spawn sees its exit like any other rank's
+            go.close()
+        self.gos = []
+        return self.processes, self.pipes
+
+    def close(self):
+        """Unused spares: tell them to exit, then stop whatever is left."""
+        for go in self.gos:
+            try:
+                go.send(None)
+            except OSError:
+                pass
+            go.close()
+        _stop(self.processes)
+        for process in self.processes:
+            process.close()
+        for pipe in self.pipes:
+            pipe.close()
+
+
+def _standby_main(worker, args, go, pipe, parent_pid):
+    """A spare's entry point: wait (imported) for ``(rank, world_size, control_name)``, then be that rank."""
+    _die_with_parent(parent_pid)
+    import everyo.distributed.ddp  # noqa: F401 - what a training worker needs anyway, loaded while waiting
+    import everyo.distributed.elastic  # noqa: F401
+
+    try:
+        message = go.recv()
+    except (EOFError, OSError):
+        message = None
+    go.close()
+    if message is None:
+        pipe.close()
+        return
+    rank, world_size, control_name = message
+    _worker_main(worker, args, rank, world_size, control_name, pipe, parent_pid)
 
 
 def _exhausted(failures: list[EveryODistributedError], max_restarts: int) -> EveryODistributedError:
@@ -159,15 +244,19 @@ def _exhausted(failures: list[EveryODistributedError], max_restarts: int) -> Eve
     return error
 
 
-def _spawn_once(worker, world_size, args, timeout, stall_timeout, updates):
+def _spawn_once(
+    worker, world_size, args, timeout, stall_timeout, updates, spares=None, start_spares=None, started=None
+):
     control_name = new_segment_name("everyo")
     control = ControlBlock.create(control_name, world_size)
     context = multiprocessing.get_context("spawn")
     processes, pipes = [], []
     try:
         with _termination_raises():
+            if spares is not None:
+                processes, pipes = spares.go(world_size, control_name)
             with _ENVIRONMENT_LOCK, _environment(updates):
-                for rank in range(world_size):
+                for rank in range(len(processes), world_size):
                     reader, writer = context.Pipe(duplex=False)
                     pipes.append(reader)
                     process = context.Process(
@@ -186,6 +275,8 @@ def _spawn_once(worker, world_size, args, timeout, stall_timeout, updates):
                     finally:
                         writer.close()
                     processes.append(process)
+            if start_spares is not None:
+                started.append(start_spares())
             results = _supervise(processes, pipes, control, timeout, stall_timeout)
             # Every rank has sent its result; let them exit on their own (flushing their
             # output) rather than be terminated in the middle of it.
