@@ -34,7 +34,7 @@ BAD_ARGUMENTS = [
     (lambda: eo.AvgPool2D(2, padding="full"), r"AvgPool2D: padding must be one of"),
     (lambda: eo.AvgPool2D(2, padding=2), r"AvgPool2D: padding 2 must be smaller than pool_size"),
     (lambda: eo.MaxPool2D(2, padding=-1), r"MaxPool2D: padding must be non-negative"),
-    (lambda: eo.Dropout(1.0), r"Dropout: p must be in \[0, 1\), got 1.0"),
+    (lambda: eo.Dropout(1.5), r"Dropout: p must be in \[0, 1\], got 1.5"),
     (lambda: eo.Dropout(-0.1), r"Dropout: p must be in \[0, 1\)"),
     (lambda: eo.Dropout("half"), r"Dropout: p must be in \[0, 1\), got 'half'"),
     (lambda: eo.Linear(0, 3), r"Linear: in_features must be positive, got 0"),

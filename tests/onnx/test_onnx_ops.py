@@ -223,6 +223,32 @@ LOSSES = [
     ("mse_loss", lambda x, y: eo.mse_loss(x, y)),
     ("mse_loss_sum", lambda x, y: eo.mse_loss(x, y, reduction="sum")),
     ("binary_cross_entropy_with_logits", lambda x, y: eo.binary_cross_entropy_with_logits(x * 10, y)),
+    # every option of every loss (issue 28): reduction="none", weights, thresholds
+    ("mse_loss_none", lambda x, y: eo.mse_loss(x, y, reduction="none")),
+    ("l1_loss", lambda x, y: eo.l1_loss(x, y)),
+    ("l1_loss_none", lambda x, y: eo.l1_loss(x, y, reduction="none")),
+    ("smooth_l1_loss", lambda x, y: eo.smooth_l1_loss(x, y, beta=0.5)),
+    ("smooth_l1_loss_beta0_sum", lambda x, y: eo.smooth_l1_loss(x, y, "sum", beta=0.0)),
+    ("huber_loss_none", lambda x, y: eo.huber_loss(x, y, "none", delta=0.7)),
+    (
+        "binary_cross_entropy_with_logits_weights",
+        lambda x, y: eo.binary_cross_entropy_with_logits(
+            x * 5, y, np.array([0.5, 2.0, 1.0], np.float32), pos_weight=np.array([3.0, 1.0, 0.2], np.float32)
+        ),
+    ),
+    ("binary_cross_entropy_with_logits_none", lambda x, y: eo.binary_cross_entropy_with_logits(x, y, reduction="none")),
+    ("binary_cross_entropy", lambda x, y: eo.binary_cross_entropy(eo.sigmoid(x), y)),
+    (
+        "binary_cross_entropy_weight_none",
+        lambda x, y: eo.binary_cross_entropy(eo.sigmoid(x), y, np.array([0.5, 2.0, 1.0], np.float32), reduction="none"),
+    ),
+    ("kl_div", lambda x, y: eo.kl_div(eo.log_softmax(x), eo.softmax(y))),
+    ("kl_div_batchmean_zero_targets", lambda x, y: eo.kl_div(eo.log_softmax(x), y / 3, reduction="batchmean")),
+    ("kl_div_log_target", lambda x, y: eo.kl_div(eo.log_softmax(x), eo.log_softmax(y), "sum", log_target=True)),
+    (
+        "cross_entropy_probabilities",
+        lambda x, y: eo.cross_entropy(x, eo.softmax(y), np.array([0.5, 2.0, 1.0], np.float32), label_smoothing=0.1),
+    ),
 ]
 
 
@@ -235,13 +261,33 @@ def test_losses_with_targets_as_a_second_input(loss, tmp_path):
     assert_traced_agrees(Fn(lambda m, x, y: loss(x, y)), make, tmp_path / "loss.onnx", sizes=[(1,), (7,)])
 
 
-@pytest.mark.parametrize("reduction", ["mean", "sum"])
-def test_cross_entropy_with_integer_targets(reduction, tmp_path):
+CLASS_WEIGHT = np.array([0.5, 2.0, 1.0, 3.0, 0.7], np.float32)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"reduction": "mean"},
+        {"reduction": "sum"},
+        {"reduction": "none"},
+        {"weight": CLASS_WEIGHT, "ignore_index": 3},
+        {"weight": CLASS_WEIGHT, "label_smoothing": 0.2, "reduction": "none"},
+        {"ignore_index": 1, "label_smoothing": 0.1},
+        {"nll": True, "weight": CLASS_WEIGHT, "ignore_index": 2},
+        {"nll": True, "reduction": "none"},
+    ],
+    ids=lambda o: "-".join(f"{k}" if v is True else f"{k}={'w' if k == 'weight' else v}" for k, v in o.items()),
+)
+def test_cross_entropy_with_integer_targets(options, tmp_path):
     def make(batch, length):
         rng = np.random.default_rng(batch + length)
         return rng.standard_normal((batch, length, 5)).astype(np.float32), rng.integers(0, 5, (batch, length))
 
-    model = Fn(lambda m, x, y: eo.cross_entropy(x, y, reduction=reduction))
+    options = dict(options)
+    if options.pop("nll", False):
+        model = Fn(lambda m, x, y: eo.nll_loss(eo.log_softmax(x), y, **options))
+    else:
+        model = Fn(lambda m, x, y: eo.cross_entropy(x, y, **options))
     assert_traced_agrees(
         model,
         make,
@@ -256,8 +302,8 @@ def test_every_op_of_the_table_has_a_rule():
 
     assert sorted(set(dispatch.OPS) - set(RULES)) == []
     untested = {r for r in RULES if not any(case[0].startswith(r) for case in OPS + LOSSES)}
-    # The scans (test_onnx_sequence.py), embedding and cross_entropy have their own tests above.
-    assert untested == {"rnn_scan", "lstm_scan", "gru_scan", "embedding", "cross_entropy"}, untested
+    # The scans (test_onnx_sequence.py), embedding and nll_loss (with cross_entropy) have their own tests above.
+    assert untested == {"rnn_scan", "lstm_scan", "gru_scan", "embedding", "nll_loss"}, untested
 
 
 def test_argmax_over_the_flattened_tensor_and_cumsum_without_axis(tmp_path):

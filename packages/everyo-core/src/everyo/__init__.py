@@ -65,7 +65,17 @@ from everyo.io import (  # noqa: E402
     save,
 )
 from everyo.kernel_table import kernels  # noqa: E402
-from everyo.losses import binary_cross_entropy_with_logits, cross_entropy, mse_loss  # noqa: E402
+from everyo.losses import (  # noqa: E402
+    binary_cross_entropy,
+    binary_cross_entropy_with_logits,
+    cross_entropy,
+    huber_loss,
+    kl_div,
+    l1_loss,
+    mse_loss,
+    nll_loss,
+    smooth_l1_loss,
+)
 from everyo.nn import *  # noqa: E402,F401,F403
 from everyo.optim import SGD, Adadelta, Adagrad, Adam, AdamW, NAdam, RMSprop, clip_grad_norm  # noqa: E402
 from everyo.padding import resolve_padding2d  # noqa: E402
@@ -116,6 +126,12 @@ __all__ = [
     "mse_loss",
     "cross_entropy",
     "binary_cross_entropy_with_logits",
+    "nll_loss",
+    "l1_loss",
+    "smooth_l1_loss",
+    "huber_loss",
+    "binary_cross_entropy",
+    "kl_div",
     "resolve_padding2d",
     "SGD",
     "Adam",

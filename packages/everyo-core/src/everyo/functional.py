@@ -804,12 +804,20 @@ def astype(a: TensorLike, dtype: DType) -> Tensor:
 
 @primitive("dropout", kind="random")
 def dropout(a: TensorLike, p: float = 0.5, training: bool = True, rng: np.random.Generator | None = None) -> Tensor:
-    """Inverted dropout: zero each element with probability ``p``, scale the rest by 1/(1-p)."""
+    """Inverted dropout: zero each element with probability ``p``, scale the rest by 1/(1-p).
+
+    ``p=1`` gives ``x * 0`` in training (zeros, NaN where x is NaN or inf;
+    gradient 0), as in PyTorch; with
+    ``training=False`` the input is returned unchanged whatever ``p`` is.
+    """
     a = _t(a)
+    if not 0 <= p <= 1:
+        raise ValueError(f"dropout: probability p must be in [0, 1], got {p}")
     if not training or p == 0:
         return a
-    if not 0 <= p < 1:
-        raise ValueError(f"dropout probability must be in [0, 1), got {p}")
+    if p == 1:
+        # x * 0 (PyTorch's rule: a NaN or inf input gives NaN, not a silent 0).
+        return Tensor._from_op(a.data * np.zeros((), a.data.dtype), (a,), lambda g: (np.zeros_like(g),))
     rng = rng if rng is not None else default_generator()  # eo.manual_seed makes it reproducible
     keep = rng.random(a.data.shape) >= p
     scale = np.asarray(1.0 / (1.0 - p), a.data.dtype)

@@ -21,7 +21,17 @@ from everyo.nn.container import ModuleDict, ModuleList
 from everyo.nn.conv import AvgPool2D, Conv1D, Conv2D, Conv2DTranspose, MaxPool2D
 from everyo.nn.embedding import Embedding, PositionalEncoding
 from everyo.nn.linear import Linear
-from everyo.nn.loss import BCEWithLogitsLoss, CrossEntropyLoss, MSELoss
+from everyo.nn.loss import (
+    BCELoss,
+    BCEWithLogitsLoss,
+    CrossEntropyLoss,
+    HuberLoss,
+    KLDivLoss,
+    L1Loss,
+    MSELoss,
+    NLLLoss,
+    SmoothL1Loss,
+)
 from everyo.nn.module import Module, Sequential
 from everyo.nn.normalization import BatchNorm1D, BatchNorm2D, GroupNorm, LayerNorm
 from everyo.nn.pooling import GlobalAveragePooling2D, GlobalMaxPooling2D
@@ -56,6 +66,12 @@ __all__ = [
     "MSELoss",
     "CrossEntropyLoss",
     "BCEWithLogitsLoss",
+    "NLLLoss",
+    "L1Loss",
+    "SmoothL1Loss",
+    "HuberLoss",
+    "BCELoss",
+    "KLDivLoss",
     "Embedding",
     "PositionalEncoding",
     "RNN",

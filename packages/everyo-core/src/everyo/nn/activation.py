@@ -111,7 +111,7 @@ class Dropout(Module):
         super().__init__()
         from everyo.random import generator_for
 
-        self.p = args.probability("Dropout", "p", p)
+        self.p = args.probability("Dropout", "p", p, include_one=True)
         self.register_generator("generator", generator_for(seed))
 
     def forward(self, x: TensorLike) -> Tensor:
