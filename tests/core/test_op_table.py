@@ -375,7 +375,7 @@ def test_losses_and_scalars_are_recorded_as_constants():
     assert rec.names == ["cross_entropy", "mul", "where"]
     targets = rec.records[0][1][1]
     assert isinstance(targets, Tensor) and targets.data.dtype.kind == "i"
-    assert rec.records[0][3] == {"reduction": "mean"}
+    assert rec.records[0][3] == {"weight": None, "ignore_index": -100, "reduction": "mean", "label_smoothing": 0.0}
     two = rec.records[1][1][1]
     assert two.data.dtype == np.float16 and two.data == 2
     assert rec.records[2][1][0].data.dtype == np.bool_ and rec.records[2][1][2].data.dtype == np.float16

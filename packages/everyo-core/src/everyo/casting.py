@@ -37,3 +37,35 @@ def convert(arr: Array, dtype: DType) -> Array:
 def is_floating(dtype: np.dtype[Any]) -> bool:
     """NumPy's floating types and bfloat16 (whose NumPy kind is 'V')."""
     return dtype.kind == "f" or is_bfloat16(dtype)
+
+
+#: The floating type that integer-only arithmetic gives (``int / int``, an
+#: integer tensor times a Python float), PyTorch's default dtype.
+DEFAULT_FLOAT = np.dtype(np.float32)
+
+
+def mixed_dtype(a: DType, b: DType) -> DType | None:
+    """The dtype both operands of a binary op take when one is floating and the
+    other is not (integer or bool): the floating one's, as in PyTorch and JAX
+    (NumPy would widen ``int32 + float32`` to float64). ``None`` when nothing
+    is to change: two floating types promote as NumPy does (float16 with
+    bfloat16 gives float32), two integer types too."""
+    a, b = np.dtype(a), np.dtype(b)
+    if a == b:
+        return None
+    fa, fb = is_floating(a), is_floating(b)
+    if fa and not fb:
+        return a
+    if fb and not fa:
+        return b
+    return None
+
+
+def scalar_dtype(like: DType, value: bool | int | float) -> DType:
+    """The dtype of a Python number combined with an array of dtype ``like``:
+    the number is weakly typed (``float16 * 2.0`` stays float16), and a float
+    with an integer or bool array gives the default float (float32)."""
+    like = np.dtype(like)
+    if isinstance(value, float) and not is_floating(like):
+        return DEFAULT_FLOAT
+    return np.result_type(like, value)

@@ -14,6 +14,7 @@ import numpy as np
 
 from everyo import _blas, _buffers
 from everyo.axes import check_permutation, normalize_axes, normalize_axis
+from everyo.casting import DEFAULT_FLOAT, is_floating, mixed_dtype, scalar_dtype
 from everyo.casting import convert as _convert
 from everyo.dispatch import FLOAT32, LOW_PRECISION, primitive
 from everyo.errors import EveryOShapeError, EveryOSpellingError
@@ -69,19 +70,33 @@ __all__ = [
 
 def _t(x: TensorLike, like: Tensor | None = None) -> Tensor:
     """Wrap a non-Tensor operand as a constant. Python scalars stay weakly
-    typed, as in NumPy: ``float16 * 2.0`` stays float16, but ``int + 2.5``
-    is a float (not ``int + 2``)."""
+    typed: ``float16 * 2.0`` stays float16, and ``int + 2.5`` is float32
+    (everyo.casting.scalar_dtype)."""
     if isinstance(x, Tensor):
         return x
     if isinstance(x, (int, float, bool)) and like is not None:
-        return Tensor(np.asarray(x, dtype=np.result_type(like.data.dtype, x)))
+        return Tensor(np.asarray(x, dtype=scalar_dtype(like.data.dtype, x)))
     return Tensor(x)
 
 
 def _operands(a: TensorLike, b: TensorLike) -> tuple[Tensor, Tensor]:
-    """Both operands of a binary op as Tensors; a Python number takes the
-    other operand's dtype (so ``float16_tensor * 2.0`` stays float16)."""
-    return _t(a, b if isinstance(b, Tensor) else None), _t(b, a if isinstance(a, Tensor) else None)
+    """Both operands of a binary op as Tensors, in the dtypes the op computes in.
+
+    The one dtype rule for mixed operands (everyo.casting): a Python number
+    takes the other operand's dtype (``float16_tensor * 2.0`` stays float16;
+    a float with an integer tensor gives float32), and an integer or bool
+    operand with a floating one takes the floating dtype (``int64 array *
+    float32 tensor`` is float32, not NumPy's float64). float64 thus appears
+    only where an operand is float64."""
+    a, b = _t(a, b if isinstance(b, Tensor) else None), _t(b, a if isinstance(a, Tensor) else None)
+    common = mixed_dtype(a.data.dtype, b.data.dtype)
+    if common is not None:
+        # The non-floating operand is a constant (integer tensors take no gradient).
+        if a.data.dtype != common:
+            a = Tensor(a.data.astype(common))
+        else:
+            b = Tensor(b.data.astype(common))
+    return a, b
 
 
 def unbroadcast(grad: Array, shape: Shape) -> Array:
@@ -145,8 +160,10 @@ def mul(a: TensorLike, b: TensorLike) -> Tensor:
 
 @primitive("div", kind="elementwise", inputs=("a", "b"))
 def div(a: TensorLike, b: TensorLike) -> Tensor:
-    """``a / b`` with NumPy broadcasting."""
+    """``a / b`` with NumPy broadcasting; integer / integer gives float32 (PyTorch's true division)."""
     a, b = _operands(a, b)
+    if not is_floating(a.data.dtype) and not is_floating(b.data.dtype):
+        a, b = Tensor(a.data.astype(DEFAULT_FLOAT)), Tensor(b.data.astype(DEFAULT_FLOAT))
 
     def backward(g):
         ga = unbroadcast(g / b.data, a.data.shape) if a.requires_grad else None
@@ -167,9 +184,12 @@ def pow(a: TensorLike, exponent: TensorLike) -> Tensor:
     """``a ** exponent`` (exponent a number, an array or a Tensor; ``2 ** x``
     works too); runs in float32 under autocast. The exponent's gradient
     ``a ** b * log(a)`` is taken as 0 where ``a`` is 0."""
-    if not isinstance(exponent, (int, float)):
-        exponent = _t(exponent)
-    a = _t(a, exponent if isinstance(exponent, Tensor) else None)
+    if isinstance(exponent, (int, float)):
+        a = _t(a)
+        if not is_floating(a.data.dtype):  # int ** 0.5 is float32, bool ** 2 is int64
+            a = Tensor(a.data.astype(scalar_dtype(a.data.dtype, exponent)))
+    else:
+        a, exponent = _operands(a, exponent)
     if isinstance(exponent, Tensor):
         out = np.power(a.data, exponent.data)
 
@@ -213,7 +233,7 @@ def _mm(x, y):
 @primitive("matmul", LOW_PRECISION, kind="matmul", inputs=("a", "b"))
 def matmul(a: TensorLike, b: TensorLike) -> Tensor:
     """Matrix product with NumPy's broadcasting rules (1-D operands allowed)."""
-    a, b = _t(a), _t(b)
+    a, b = _operands(a, b)
     x, y = a.data, b.data
     if (
         x.dtype == y.dtype
@@ -226,6 +246,8 @@ def matmul(a: TensorLike, b: TensorLike) -> Tensor:
     out = _mm(x, y)
 
     def backward(g):
+        if x.ndim == 1 and y.ndim == 1:  # a dot product: g is 0-d
+            return (g * y if a.requires_grad else None), (g * x if b.requires_grad else None)
         x2 = x[None, :] if x.ndim == 1 else x
         y2 = y[:, None] if y.ndim == 1 else y
         g2 = g
@@ -394,11 +416,16 @@ def var(a: TensorLike, axis: Axis = None, keepdims: bool = False, ddof: float = 
     x = a.data
     shape, axes = x.shape, _axes(axis, x.shape, "var")
     count = int(np.prod([shape[i] for i in axes])) if axes else 1
-    centered = x - x.mean(axis=axes, keepdims=True)
-    out = np.asarray((centered * centered).sum(axis=axes, keepdims=keepdims) / (count - ddof))
+    # PyTorch's divisor max(count - ddof, 0): with none left (ddof=1 over one
+    # element) the variance is 0/0 = NaN and so is its gradient, never 0.
+    den = np.asarray(count - ddof if count > ddof else 0, x.dtype)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        centered = x - x.mean(axis=axes, keepdims=True)
+        out = np.asarray((centered * centered).sum(axis=axes, keepdims=keepdims) / den)
 
     def backward(g):
-        return (_expand(g, shape, axes, keepdims) * centered * (2.0 / (count - ddof)),)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return (_expand(g, shape, axes, keepdims) * centered * (2.0 / den),)
 
     return Tensor._from_op(out, (a,), backward)
 

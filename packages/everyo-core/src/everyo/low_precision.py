@@ -111,6 +111,8 @@ def _upcast(value, ups, floating):
     gradient once to the operand's type (so composite forwards, which reach
     the operand through nested ops, are covered too)."""
     if not isinstance(value, Tensor):
+        if isinstance(value, np.ndarray) and (value.dtype.kind == "f" or is_low_precision(value.dtype)):
+            floating.append(value.dtype)  # a floating array is typed as a Tensor would be (float32 wins)
         return value
     dtype = value.data.dtype
     if dtype.kind == "f" or is_low_precision(dtype):

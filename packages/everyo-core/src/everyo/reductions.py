@@ -104,6 +104,8 @@ def prod(a: TensorLike, axis: Axis = None, keepdims: bool = False) -> Tensor:
         return Tensor._from_op(out, (a,), lambda g: (g,))
 
     def backward(g):
+        if x.size == 0:  # an empty product is 1; no factor to pass a gradient to
+            return (np.zeros_like(x),)
         k = len(axes)
         last = tuple(range(x.ndim - k, x.ndim))
         moved = np.moveaxis(x, axes, last)
@@ -121,7 +123,9 @@ def prod(a: TensorLike, axis: Axis = None, keepdims: bool = False) -> Tensor:
 def std(a: TensorLike, axis: Axis = None, keepdims: bool = False, ddof: float = 0) -> Tensor:
     """Standard deviation, ``sqrt(var(a, axis, ddof=ddof))`` (``ddof=0``: the
     biased estimate, like NumPy; PyTorch's default is ``ddof=1``).
-    Where the deviation is zero the gradient is zero (not NaN).
+    Where the deviation is zero the gradient is zero (PyTorch gives NaN
+    there); where no divisor is left (``ddof=1`` over one element) the result
+    and its gradient are NaN, as in PyTorch.
 
     Examples:
         >>> round(eo.std(eo.tensor([1.0, 3.0])).item(), 6)
@@ -131,12 +135,17 @@ def std(a: TensorLike, axis: Axis = None, keepdims: bool = False, ddof: float = 
     x = a.data
     shape, axes = x.shape, normalize_axes(axis, x.shape, "std")
     count = _count(shape, axes)
-    centered = x - x.mean(axis=axes, keepdims=True)
-    out = np.sqrt((centered * centered).sum(axis=axes, keepdims=True) / (count - ddof))
+    den = np.asarray(count - ddof if count > ddof else 0, x.dtype)  # PyTorch's divisor (see var)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        centered = x - x.mean(axis=axes, keepdims=True)
+        out = np.sqrt((centered * centered).sum(axis=axes, keepdims=True) / den)
 
     def backward(g):
-        scale = np.divide(1.0, (count - ddof) * out, out=np.zeros_like(out), where=out > 0)
-        return (_expand(g, shape, axes, keepdims) * centered * scale,)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            # 0 where the deviation is 0 with a divisor left (the documented
+            # convention); NaN where the std itself is NaN (no divisor left).
+            scale = np.where((out == 0) & (den > 0), 0.0, 1.0 / (den * out)).astype(out.dtype, copy=False)
+            return (_expand(g, shape, axes, keepdims) * centered * scale,)
 
     result = out if keepdims else np.squeeze(out, axis=axes)
     return Tensor._from_op(np.asarray(result), (a,), backward)

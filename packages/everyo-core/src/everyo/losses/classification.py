@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from everyo.casting import is_floating
 from everyo.dispatch import FLOAT32, primitive
 from everyo.errors import EveryODTypeError, EveryOShapeError
 from everyo.functional import _t
@@ -57,8 +58,9 @@ def _class_targets(name: str, t: Array, lead: tuple[int, ...], classes: int, ign
     """Checked targets, flattened: ``(index, valid)`` with ignored rows at index 0."""
     if not np.issubdtype(t.dtype, np.integer):
         raise EveryODTypeError(
-            f"{name}: targets must be integer class indices (or, for cross_entropy, class probabilities "
-            f"of the logits' shape), got dtype {t.dtype} of shape {t.shape} (convert with targets.astype('int64'))"
+            f"{name}: targets must be integer class indices (or, for cross_entropy, floating class "
+            f"probabilities of the logits' shape), got dtype {t.dtype} of shape {t.shape} "
+            f"(convert with targets.astype('int64'))"
         )
     if t.shape != lead:
         raise EveryOShapeError(
@@ -183,7 +185,7 @@ def cross_entropy(
         raise EveryOShapeError(f"cross_entropy: logits need a class axis (last), got shape {z.shape}")
     logp, p = _log_softmax(z)
     t = targets.data if isinstance(targets, Tensor) else np.asarray(targets)
-    if t.dtype.kind == "f" or (isinstance(targets, Tensor) and targets.requires_grad):
+    if t.shape == z.shape and (t.dtype.kind == "f" or is_floating(t.dtype)):
         return _probabilities(logits, logp, p, targets, weight, ignore_index, reduction, eps)
     out, dloss = _indexed("cross_entropy", logp, t, weight, ignore_index, reduction, eps)
 
