@@ -123,3 +123,81 @@ def test_the_checker_catches_a_wrong_gradient():
 
     with pytest.raises(AssertionError, match="disagrees with central differences"):
         check_gradients(bad_square, [r(3)], name="bad_square")
+
+
+# --- edge shapes, generated (issue 28) ---------------------------------------------
+# Every op below over 0-d, 1-D, size-1 and size-0 operands: backward either gives
+# a gradient of the operand's shape that matches finite differences, or the op
+# raises an EveryO error that names it; never a raw NumPy/Python exception.
+# (NaN/inf inputs and PyTorch's values are in test_parity_torch.py.)
+EDGE_SHAPES = [(), (1,), (5,), (1, 1), (0,), (3, 0), (0, 3), (2, 1, 3)]
+EDGE_UNARY = {
+    "exp": eo.exp,
+    "log": lambda a: eo.log(eo.abs(a) + 0.5),
+    "sqrt": lambda a: eo.sqrt(eo.abs(a) + 0.5),
+    "tanh": eo.tanh,
+    "sigmoid": eo.sigmoid,
+    "sin": eo.sin,
+    "gelu": eo.gelu,
+    "softplus": eo.softplus,
+    "pow3": lambda a: a**3,
+    "neg": lambda a: -a,
+}
+EDGE_REDUCTIONS = {
+    "sum": eo.sum,
+    "mean": eo.mean,
+    "max": eo.max,
+    "min": eo.min,
+    "prod": eo.prod,
+    "logsumexp": eo.logsumexp,
+    "var": eo.var,
+    "var_ddof1": lambda a, **k: eo.var(a, ddof=1, **k),
+    "std": lambda a, **k: eo.std(a + eo.tensor(np.arange(a.size).reshape(a.shape) * 0.3), **k),
+    "std_ddof1": lambda a, **k: eo.std(a, ddof=1, **k),
+    "norm": eo.norm,
+    "softmax": lambda a, axis=-1, **k: eo.softmax(a, axis=axis),
+    "log_softmax": lambda a, axis=-1, **k: eo.log_softmax(a, axis=axis),
+    "cumsum": lambda a, axis=-1, **k: eo.cumsum(a, axis=axis),
+}
+EDGE_BINARY = {"add": eo.add, "mul": eo.mul, "div": lambda a, b: a / (eo.abs(b) + 0.5), "maximum": eo.maximum}
+
+
+def _edge_cases():
+    for shape in EDGE_SHAPES:
+        for name, fn in EDGE_UNARY.items():
+            yield f"{name}{shape}", fn, [shape]
+        for name, fn in EDGE_REDUCTIONS.items():
+            if name in ("softmax", "log_softmax", "cumsum") and not shape:
+                continue  # an axis op on a 0-d tensor: refused by the axis check (test_axes.py)
+            yield f"{name}{shape}-all", fn, [shape]
+            if shape:
+                yield f"{name}{shape}-last", lambda a, fn=fn: fn(a, axis=-1), [shape]
+        for name, fn in EDGE_BINARY.items():
+            yield f"{name}{shape}x{shape}", fn, [shape, shape]
+            yield f"{name}{shape}x()", fn, [shape, ()]
+    for a, b in [((4,), (4,)), ((0,), (0,)), ((1,), (1, 3)), ((3, 1), (1,)), ((0, 2), (2, 3)), ((2, 0), (0, 3))]:
+        yield f"matmul{a}@{b}", eo.matmul, [a, b]
+
+
+EDGE_CASES = list(_edge_cases())
+
+
+@pytest.mark.parametrize("name,fn,shapes", EDGE_CASES, ids=[c[0] for c in EDGE_CASES])
+def test_backward_on_edge_shapes(name, fn, shapes):
+    inputs = [rng.standard_normal(s) for s in shapes]
+    op = name.split("(")[0].split("_")[0]
+    try:
+        out = fn(*[eo.tensor(x, requires_grad=True) for x in inputs])
+    except eo.EveryOError as exc:
+        assert op in str(exc), (name, str(exc))
+        return
+    if any(x.size == 0 for x in inputs) or out.data.size == 0 or not np.all(np.isfinite(out.data)):
+        # Nothing to difference: backward must still run and give each operand its own shape.
+        tensors = [eo.tensor(x, requires_grad=True) for x in inputs]
+        fn(*tensors).sum().backward()
+        for t in tensors:
+            assert t.grad is not None and t.grad.shape == t.shape, name
+            if t.grad.size and np.isnan(out.data).any():
+                assert np.isnan(t.grad.data).any(), f"{name}: a NaN result whose gradient has no NaN"
+        return
+    check_gradients(fn, inputs, name=name)

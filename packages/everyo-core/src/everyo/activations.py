@@ -127,7 +127,7 @@ def _normal_cdf(x):
     """
     z = x.astype(np.float64) * _INV_SQRT_2
     if x.dtype == np.float64:
-        half_erfc = 0.5 * _erfc(np.abs(z)).astype(np.float64)
+        half_erfc = 0.5 * np.asarray(_erfc(np.abs(z)), np.float64)  # (a 0-d input gives a Python float)
     else:
         half_erfc = 0.5 * _erfc_fast(np.abs(z).reshape(-1)).reshape(z.shape)
     return np.where(z < 0, half_erfc, 1.0 - half_erfc).astype(x.dtype, copy=False)

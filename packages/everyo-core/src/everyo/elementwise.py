@@ -16,19 +16,20 @@ if TYPE_CHECKING:
 __all__ = ["maximum", "minimum", "sin", "cos"]
 
 
-def _pick(a, b, ufunc, wins):
+def _pick(a, b, ufunc, loses):
     a, b = _operands(a, b)
     x, y = a.data, b.data
     out = ufunc(x, y)
 
     def backward(g):
-        # Ties split the gradient equally (as max over an axis does), so the
-        # two shares always add up to g.
-        win = wins(x, y)
-        tie = np.where(x == y, 0.5, 0.0)
-        share_a = np.where(win, 1.0, tie).astype(g.dtype, copy=False)
+        # Ties split the gradient equally (as max over an axis does). An
+        # operand takes the gradient unless it lost the comparison, so where
+        # either is NaN (the output is NaN) both take it, as in PyTorch.
+        tie = x == y
+        share_a = np.where(tie, 0.5, np.where(loses(x, y), 0.0, 1.0)).astype(g.dtype, copy=False)
+        share_b = np.where(tie, 0.5, np.where(loses(y, x), 0.0, 1.0)).astype(g.dtype, copy=False)
         ga = unbroadcast(g * share_a, x.shape) if a.requires_grad else None
-        gb = unbroadcast(g * (1 - share_a), y.shape) if b.requires_grad else None
+        gb = unbroadcast(g * share_b, y.shape) if b.requires_grad else None
         return ga, gb
 
     return Tensor._from_op(out, (a, b), backward)
@@ -42,13 +43,13 @@ def maximum(a: TensorLike, b: TensorLike) -> Tensor:
         >>> eo.maximum(eo.tensor([1.0, 4.0]), 2.0).tolist()
         [2.0, 4.0]
     """
-    return _pick(a, b, np.maximum, np.greater)
+    return _pick(a, b, np.maximum, np.less)
 
 
 @primitive("minimum", kind="elementwise", inputs=("a", "b"))
 def minimum(a: TensorLike, b: TensorLike) -> Tensor:
     """Elementwise smaller of ``a`` and ``b`` (broadcasting; NaN propagates)."""
-    return _pick(a, b, np.minimum, np.less)
+    return _pick(a, b, np.minimum, np.greater)
 
 
 @primitive("sin", kind="elementwise")

@@ -434,6 +434,11 @@ def _extreme(a, axis, keepdims, reducer, op):
     a = _t(a)
     x = a.data
     shape, axes = x.shape, _axes(axis, x.shape, op)
+    if any(shape[i] == 0 for i in axes):
+        raise EveryOShapeError(
+            f"{op}: cannot take the {op}imum over an empty axis (shape {shape}, axis={axis!r}), as PyTorch refuses "
+            f"too; reduce over a non-empty axis, or use eo.sum/eo.logsumexp, which are defined over nothing"
+        )
     kept = reducer(x, axis=axes, keepdims=True)
     out = kept if keepdims else np.squeeze(kept, axis=axes)
 
@@ -535,14 +540,14 @@ def relu(a: TensorLike) -> Tensor:
     ad = a.data
     out = np.maximum(ad, 0, out=_buffers.empty(ad.shape, ad.dtype)) if ad.dtype.kind == "f" else np.maximum(ad, 0)
 
+    # not (out <= 0), rather than out > 0: at a NaN input the gradient passes
+    # (NaN stays NaN downstream), as in PyTorch, instead of being cut to 0.
     def backward(g):
         if g.dtype == out.dtype and g.shape == out.shape:  # the common case, into recycled buffers
-            return (
-                np.multiply(
-                    g, np.greater(out, 0, out=_buffers.empty(out.shape, np.bool_)), out=_buffers.empty(g.shape, g.dtype)
-                ),
-            )
-        return (g * (out > 0),)
+            live = np.less_equal(out, 0, out=_buffers.empty(out.shape, np.bool_))
+            np.logical_not(live, out=live)
+            return (np.multiply(g, live, out=_buffers.empty(g.shape, g.dtype)),)
+        return (g * ~(out <= 0),)
 
     return Tensor._from_op(out, (a,), backward)
 
@@ -599,13 +604,15 @@ def softmax(a: TensorLike, axis: int = -1, blocked: TensorLike | None = None) ->
     a = _t(a)
     axis = normalize_axis(axis, a.data.shape, "softmax")
     data = a.data if blocked is None else np.where(blocked, -np.inf, a.data)
-    peak = data.max(axis=axis, keepdims=True)
+    peak = data.max(axis=axis, keepdims=True, initial=-np.inf)  # initial: an empty axis is no error
     # Shifting a fully ignored slice by 0 (not by -inf) keeps exp() at 0
     # instead of producing exp(-inf - -inf) = NaN.
     peak = np.where(np.isfinite(peak), peak, 0).astype(data.dtype, copy=False)
     e = np.exp(data - peak)
     total = e.sum(axis=axis, keepdims=True)
-    out = e / np.where(total > 0, total, 1).astype(data.dtype, copy=False)
+    # Only an all-ignored slice (total 0) is divided by 1; a NaN or inf total
+    # must reach every entry of its slice (PyTorch: a slice holding NaN is NaN).
+    out = e / np.where(total == 0, 1, total).astype(data.dtype, copy=False)
 
     def backward(g):
         return (out * (g - (g * out).sum(axis=axis, keepdims=True)),)
@@ -618,7 +625,7 @@ def log_softmax(a: TensorLike, axis: int = -1) -> Tensor:
     """Numerically stable ``log(softmax(a))`` via the log-sum-exp trick."""
     a = _t(a)
     axis = normalize_axis(axis, a.data.shape, "log_softmax")
-    shifted = a.data - a.data.max(axis=axis, keepdims=True)
+    shifted = a.data - a.data.max(axis=axis, keepdims=True, initial=-np.inf)
     out = shifted - np.log(np.exp(shifted).sum(axis=axis, keepdims=True))
 
     def backward(g):

@@ -169,7 +169,8 @@ def logsumexp(a: TensorLike, axis: Axis = None, keepdims: bool = False) -> Tenso
     total = e.sum(axis=axes, keepdims=True)
     with np.errstate(divide="ignore"):
         out = np.log(total) + peak
-    weights = e / np.where(total > 0, total, 1)
+    with np.errstate(invalid="ignore"):
+        weights = e / np.where(total == 0, 1, total)  # a NaN/inf total reaches the whole slice (see softmax)
 
     def backward(g):
         return (_expand(g, shape, axes, keepdims) * weights,)
@@ -215,7 +216,8 @@ def norm(a: TensorLike, ord: float | Literal["fro"] = 2, axis: Axis = None, keep
             return (g * np.sign(x),)
         # d/dx (sum |x|^p)^(1/p) = sign(x) |x|^(p-1) / norm^(p-1)
         denom = out if ord == 2 else np.power(out, ord - 1)
-        scale = np.divide(1.0, denom, out=np.zeros_like(denom), where=denom > 0)
+        # 0 at a zero vector (documented); a NaN norm gives NaN, never 0.
+        scale = np.divide(1.0, denom, out=np.zeros_like(denom), where=denom != 0)
         grow = x if ord == 2 else np.sign(x) * np.power(mag, ord - 1)
         return (g * grow * scale,)
 
