@@ -11,6 +11,8 @@ from everyo.half import is_low_precision
 from everyo.tensor import Tensor
 
 if TYPE_CHECKING:
+    from typing import Any
+
     from everyo._typing import Array, TensorLike
 
 REDUCTIONS = ("none", "mean", "sum")
@@ -64,7 +66,18 @@ def same_shape(pred: Tensor, target: Tensor, name: str) -> None:
         )
 
 
-def constant(value: TensorLike | None, name: str, what: str, like: Array, shape: tuple[int, ...] | None = None):
+def positional_reduction(weight: Any, reduction: str) -> tuple[Any, str]:
+    """EveryO 0.2 took ``reduction`` where PyTorch takes ``weight`` (third
+    positional argument, first of a loss module): a string there still means
+    the reduction, since it cannot be a weight."""
+    if isinstance(weight, str):
+        return None, weight
+    return weight, reduction
+
+
+def constant(
+    value: TensorLike | None, name: str, what: str, like: Array, shape: tuple[int, ...] | None = None
+) -> Array | None:
     """A weight argument as a float array of ``like``'s dtype (a constant: no
     gradient flows into it), checked to broadcast to ``like`` (or to equal ``shape``)."""
     if value is None:

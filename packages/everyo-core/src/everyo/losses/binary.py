@@ -10,7 +10,15 @@ import numpy as np
 
 from everyo.dispatch import FLOAT32, primitive
 from everyo.functional import _t
-from everyo.losses._common import check_reduction, constant, float32_at_least, reduce, same_shape, spread
+from everyo.losses._common import (
+    check_reduction,
+    constant,
+    float32_at_least,
+    positional_reduction,
+    reduce,
+    same_shape,
+    spread,
+)
 from everyo.tensor import Tensor
 
 if TYPE_CHECKING:
@@ -100,8 +108,7 @@ def binary_cross_entropy_with_logits(
         >>> round(eo.binary_cross_entropy_with_logits(x, y, pos_weight=[1.0, 3.0], reduction="sum").item(), 4)
         4.0667
     """
-    if isinstance(weight, str):  # EveryO 0.2's third positional argument was reduction
-        weight, reduction = None, weight
+    weight, reduction = positional_reduction(weight, reduction)
     name = "binary_cross_entropy_with_logits"
     check_reduction(name, reduction)
     logits, targets = float32_at_least(_t(logits), _t(targets))

@@ -28,7 +28,15 @@ from everyo.casting import is_floating
 from everyo.dispatch import FLOAT32, primitive
 from everyo.errors import EveryODTypeError, EveryOShapeError
 from everyo.functional import _t
-from everyo.losses._common import check_reduction, constant, float32_at_least, reduce, same_shape, spread
+from everyo.losses._common import (
+    check_reduction,
+    constant,
+    float32_at_least,
+    positional_reduction,
+    reduce,
+    same_shape,
+    spread,
+)
 from everyo.tensor import Tensor
 
 if TYPE_CHECKING:
@@ -44,14 +52,6 @@ def _log_softmax(z: Array) -> tuple[Array, Array]:
         e = np.exp(shifted)
         total = e.sum(axis=-1, keepdims=True)
         return shifted - np.log(total), e / total
-
-
-def _positional(name: str, weight, reduction: str):
-    # eo.cross_entropy(z, t, "sum") (EveryO 0.2's third positional argument)
-    # still means reduction: a string cannot be a weight tensor.
-    if isinstance(weight, str):
-        return None, weight
-    return weight, reduction
 
 
 def _class_targets(name: str, t: Array, lead: tuple[int, ...], classes: int, ignore_index: int) -> tuple[Array, Array]:
@@ -174,7 +174,7 @@ def cross_entropy(
         >>> round(eo.cross_entropy(z, [0, 2], label_smoothing=0.1).item(), 4)
         0.3339
     """
-    weight, reduction = _positional("cross_entropy", weight, reduction)
+    weight, reduction = positional_reduction(weight, reduction)
     check_reduction("cross_entropy", reduction)
     if isinstance(label_smoothing, bool) or not 0.0 <= float(label_smoothing) <= 1.0:
         raise ValueError(f"cross_entropy: label_smoothing must be in [0, 1], got {label_smoothing!r}")

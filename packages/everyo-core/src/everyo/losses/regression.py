@@ -47,8 +47,9 @@ def mse_loss(pred: TensorLike, target: TensorLike, reduction: str = "mean") -> T
     """Squared error ``(pred - target) ** 2``, reduced.
 
     Args:
-        pred, target: the same shape (PyTorch broadcasts them with a warning;
-            EveryO refuses, naming both shapes).
+        pred: predictions.
+        target: targets of the same shape (PyTorch broadcasts them with a
+            warning; EveryO refuses, naming both shapes).
         reduction: ``"mean"`` (default), ``"sum"`` or ``"none"`` (one value
             per element). Over zero elements the mean is NaN, as in PyTorch,
             without a warning; ``"sum"`` gives 0.

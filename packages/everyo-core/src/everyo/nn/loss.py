@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from everyo import losses
-from everyo.losses._common import REDUCTIONS, check_reduction
+from everyo.losses._common import REDUCTIONS, check_reduction, positional_reduction
 from everyo.nn.module import Module
 
 if TYPE_CHECKING:
@@ -43,8 +43,7 @@ class _WeightedLoss(_Loss):
     weight: Tensor | None
 
     def __init__(self, weight: TensorLike | None = None, reduction: str = "mean") -> None:
-        if isinstance(weight, str):  # EveryO 0.2's CrossEntropyLoss("sum"): a string is no weight
-            weight, reduction = None, weight
+        weight, reduction = positional_reduction(weight, reduction)
         super().__init__(reduction)
         self.register_buffer("weight", weight)
 
