@@ -567,13 +567,10 @@ def _relu_half(a):
 
     @takes_rounded
     def backward(grad):
-        # out > 0 exactly for the codes 0x0001..inf (positive, not NaN):
-        # as int16 those are 1..inf, and only positive NaNs lie above.
-        signed = out.view(np.int16)
-        if signed.max() > inf:
-            live = np.less(np.subtract(out.view(u16), u16(1)), u16(inf))
-        else:
-            live = np.greater(signed, np.int16(0))
+        # The gradient passes where not (out <= 0), as in the float32 path:
+        # out holds no negative number but -0, so that is every code whose
+        # magnitude bits are not 0 (positive values and NaNs of either sign).
+        live = np.not_equal(np.bitwise_and(out.view(u16), u16(0x7FFF)), u16(0))
         if isinstance(grad, Rounded):
             # float16 values in float32: g * 1 is g, g * 0 a signed zero (NaN
             # for inf/NaN), each again a float16 value. The array is this
