@@ -848,7 +848,9 @@ def dropout(a: TensorLike, p: float = 0.5, training: bool = True, rng: np.random
         return a
     if p == 1:
         # x * 0 (PyTorch's rule: a NaN or inf input gives NaN, not a silent 0).
-        return Tensor._from_op(a.data * np.zeros((), a.data.dtype), (a,), lambda g: (np.zeros_like(g),))
+        with np.errstate(invalid="ignore"):  # inf * 0 is NaN on purpose
+            zeros = a.data * np.zeros((), a.data.dtype)
+        return Tensor._from_op(zeros, (a,), lambda g: (np.zeros_like(g),))
     rng = rng if rng is not None else default_generator()  # eo.manual_seed makes it reproducible
     keep = rng.random(a.data.shape) >= p
     scale = np.asarray(1.0 / (1.0 - p), a.data.dtype)
