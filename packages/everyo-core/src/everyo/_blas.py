@@ -8,7 +8,11 @@ due, and the calling thread waits for it a whole scheduler slice: measured on
 product -- the LSTM's recurrent step -- took 5.2 ms with 2 threads against
 0.14 ms with one, and the LSTM training step 290 ms against 90 ms (wall),
 87 ms of CPU against 23 ms. Below ``SMALL_MNK`` two threads save at most a few tens of
-microseconds on an idle machine, so those products run on one thread.
+microseconds on an idle machine, so those products run on one thread. Larger
+ones keep OpenBLAS's threads unless the machine is busy right now
+(:func:`machine_busy`): then a worker that spins for ~0.1 s after every call
+(measured: ``python benchmarks/harness.py --gap``) takes a core the other
+processes and the caller need, and one thread is faster.
 
 How: ``openblas_set_num_threads`` of the OpenBLAS that NumPy loaded (found
 on first use through /proc/self/maps, never at import; the calls threadpoolctl
@@ -23,12 +27,14 @@ OS) :func:`matmul` is ``np.matmul`` and NumPy runs as configured. Set
 from __future__ import annotations
 
 import ctypes
+import os
 import sys
+import time
 from typing import Any
 
 import numpy as np
 
-__all__ = ["SMALL_MNK", "OPENBLAS_SINGLE", "matmul"]
+__all__ = ["SMALL_MNK", "OPENBLAS_SINGLE", "machine_busy", "matmul"]
 
 SMALL_MNK = 1 << 23  # about 0.2 ms of single-thread float32 work on the development machine
 # OpenBLAS's own rule (interface/gemm.c: 65536 * GEMM_MULTITHREAD_THRESHOLD 4): at or below it,
@@ -36,6 +42,12 @@ SMALL_MNK = 1 << 23  # about 0.2 ms of single-thread float32 work on the develop
 OPENBLAS_SINGLE = 65536 * 4
 
 _threads: Any = None  # (get, set) once found; False when there is none
+
+BUSY_CHECK_S = 0.1
+_CORES = os.cpu_count() or 1
+_busy = False
+_checked = -1.0
+_runnable = 0.0
 
 
 def _find() -> Any:
@@ -62,20 +74,54 @@ def _find() -> Any:
     return False
 
 
+def _read_runnable() -> int | None:
+    """Threads runnable on the machine right now (Linux), or None."""
+    try:
+        with open("/proc/loadavg", "rb") as f:
+            return int(f.read().split()[3].split(b"/")[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def machine_busy() -> bool:
+    """Whether more threads want to run than this machine has cores, now.
+
+    Read from the kernel's count of runnable threads (the fourth field of
+    /proc/loadavg: an instant count, not the 1-minute average), at most every
+    ``BUSY_CHECK_S`` seconds and smoothed over a few readings. Busy when they
+    exceed the cores by more than this process's own two (the caller and one
+    BLAS worker); once busy, until they no longer exceed the cores (without
+    that margin, going down to one thread would end "busy" at once)."""
+    global _busy, _checked, _runnable
+    now = time.monotonic()
+    if now - _checked < BUSY_CHECK_S:
+        return _busy
+    _checked = now
+    running = _read_runnable()
+    if running is None:
+        return False
+    _runnable = 0.5 * _runnable + 0.5 * running
+    _busy = _runnable > _CORES + (0 if _busy else 1)
+    return _busy
+
+
 def matmul(x: np.ndarray, y: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     """``np.matmul(x, y, out=out)``, on one BLAS thread when each product is small
-    (``OPENBLAS_SINGLE <= m * n * k < SMALL_MNK``; below that OpenBLAS uses one anyway)."""
+    (``OPENBLAS_SINGLE <= m * n * k < SMALL_MNK``; below that OpenBLAS uses one anyway),
+    or when :func:`machine_busy`."""
     global _threads
-    if x.ndim >= 2 and y.ndim >= 2 and OPENBLAS_SINGLE <= x.shape[-2] * x.shape[-1] * y.shape[-1] < SMALL_MNK:
-        if _threads is None:
-            _threads = _find()
-        if _threads:
-            get, put = _threads
-            previous = get()
-            if previous > 1:
-                put(1)
-                try:
-                    return np.matmul(x, y, out=out)
-                finally:
-                    put(previous)
+    if x.ndim >= 2 and y.ndim >= 2:
+        mnk = x.shape[-2] * x.shape[-1] * y.shape[-1]
+        if mnk >= OPENBLAS_SINGLE and (mnk < SMALL_MNK or machine_busy()):
+            if _threads is None:
+                _threads = _find()
+            if _threads:
+                get, put = _threads
+                previous = get()
+                if previous > 1:
+                    put(1)
+                    try:
+                        return np.matmul(x, y, out=out)
+                    finally:
+                        put(previous)
     return np.matmul(x, y, out=out)

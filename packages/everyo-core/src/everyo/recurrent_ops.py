@@ -182,7 +182,7 @@ def rnn_scan(
             if rows is not None:
                 dh[rows] = dh_kept
         prev = _previous(hs, h0.data.astype(dt, copy=False), reverse)
-        dw = prev.reshape(-1, hidden).T @ d_pre.reshape(-1, hidden)
+        dw = _blas.matmul(prev.reshape(-1, hidden).T, d_pre.reshape(-1, hidden))
         return d_pre.transpose(1, 0, 2), dh, dw
 
     return multi_output([_outputs(hs, lengths, ended), h.copy()], (xp, h0, w_hh), backward)
@@ -333,7 +333,7 @@ def lstm_scan(
             if rows is not None:
                 dh[rows] = dh_kept
         d_flat = d_acts.reshape(batch, steps, four_h)
-        dw = prev.reshape(-1, H).T @ d_flat.reshape(-1, four_h)
+        dw = _blas.matmul(prev.reshape(-1, H).T, d_flat.reshape(-1, four_h))
         return d_flat, dh, dc, dw
 
     return multi_output([out, h_last.copy(), c.copy()], (xp, h0, c0, w_hh), backward)
@@ -449,7 +449,7 @@ def gru_scan(
             prev[:, 0] = h_first
             prev[:, 1:] = hs[:-1].transpose(1, 0, 2)
         flat = d_hp.reshape(-1, three_h)
-        dw = prev.reshape(-1, H).T @ flat
+        dw = _blas.matmul(prev.reshape(-1, H).T, flat)
         return d_x.reshape(batch, steps, three_h), dh, dw, flat.sum(axis=0)
 
     return multi_output([_outputs(hs, lengths, ended), h.copy()], (xp, h0, w_hh, b_hh), backward)
