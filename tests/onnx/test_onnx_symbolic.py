@@ -207,3 +207,18 @@ def test_a_value_computed_outside_the_graph_is_caught_with_equal_example_ids(tmp
     with pytest.raises(EveryOSerializationError, match="same sizes .* with different data .*x.data"):
         eo.export_onnx(ThroughNumPy(), path, example_input=np.full((2, 4), 3, np.int64), dynamic_axes={})
     assert not path.exists()
+
+
+class UsesLen(eo.Module):
+    def forward(self, x):
+        n = len(x)  # a plain int: Python's len() cannot return anything else
+        return x + eo.zeros(n, 4)
+
+
+def test_len_of_a_traced_tensor_is_named_when_its_number_is_baked_in(tmp_path):
+    path = tmp_path / "m.onnx"
+    with pytest.raises(EveryOSerializationError) as info:
+        eo.export_onnx(UsesLen(), path, example_input=np.ones((2, 4), np.float32))
+    message = str(info.value)
+    assert f"len() of a traced tensor at {__file__}:{line_of(UsesLen.forward, 'len(x)')}" in message, message
+    assert "x.shape[0]" in message and not path.exists()

@@ -302,10 +302,18 @@ def build_model(
 
     second, outputs2, arrays2, decisions = _check_trace(model, first, arrays, input_names, names, axes, in_spec)
     guards = make_guards(decisions, _axis_namer(first, second, axes, input_names, arrays, arrays2))
-    dynamic.same_ops(first, second, arrays, arrays2)
-    g = _translate(first, outputs, second, opset, output_names)
-    g2 = _translate(second, outputs2, first, opset, output_names)
-    dynamic.same_graph(g, g2, arrays, arrays2)
+    try:
+        dynamic.same_ops(first, second, arrays, arrays2)
+        g = _translate(first, outputs, second, opset, output_names)
+        g2 = _translate(second, outputs2, first, opset, output_names)
+        dynamic.same_graph(g, g2, arrays, arrays2)
+    except EveryOSerializationError as exc:
+        if not first.len_lines or "differ" not in str(exc):
+            raise
+        raise EveryOSerializationError(
+            f"{exc} (Note: the model takes len() of a traced tensor at {', '.join(first.len_lines)}: Python's len() "
+            f"is always a plain int, which the graph cannot follow; write x.shape[0], a size the graph computes.)"
+        ) from None
 
     out_values = [first.value_of(o) for o in outputs]
     out_values2 = [second.value_of(o) for o in outputs2]

@@ -229,6 +229,14 @@ class TracedTensor(Tensor):
             return self.data.shape
         return tracer.symbolic_shape(self)
 
+    def __len__(self):
+        tracer = dispatch.get_tracer()
+        if tracer is not None and hasattr(tracer, "on_len") and not dispatch.inside_primitive():
+            frame = sys._getframe(1)
+            if not _is_library(frame):
+                tracer.on_len(self, f"{frame.f_code.co_filename}:{frame.f_lineno} in {frame.f_code.co_name}")
+        return len(self.data)
+
 
 def attach(tensor):
     """Make ``tensor`` a TracedTensor (only a plain Tensor; Parameter and other subclasses stay)."""

@@ -141,6 +141,7 @@ class Tracer:
         self.inputs = []  # Values, in the model's argument order
         self.consumers = {}  # id(Value) -> [(node, position)]
         self.decisions = []  # Decision, in the order the code took them
+        self.len_lines = []  # where the user's code took len() of a tensor whose first axis may change
         self.output_spec = None  # the nesting of forward()'s result (everyo.onnx.nesting)
         self.writes = {}  # id(tensor) -> (tensor, the user's line of its first in-place change while tracing)
 
@@ -227,6 +228,13 @@ class Tracer:
                 for axis, n in enumerate(value.data.shape)
             )
         return value.sym_shape
+
+    def on_len(self, tensor, line):
+        """The user's code takes ``len(tensor)``: a plain int, which the graph cannot follow."""
+        value = self.values.get(id(tensor))
+        if value is not None and value.dynamic and (value.axes is None or 0 in value.axes):
+            if line not in self.len_lines:
+                self.len_lines.append(line)
 
     def on_decision(self, condition, line, is_assert):
         """The user's code takes the truth value of a comparison of sizes."""

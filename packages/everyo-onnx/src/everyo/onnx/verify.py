@@ -5,7 +5,9 @@ compared with it: with ONNX Runtime's graph optimisations off and on, every
 such intermediate (exposed as an extra graph output); with them on and
 nothing exposed (fused kernels, as deployed), the graph's outputs; and those
 outputs again at the check trace's other sizes, which tests the dynamic axes
-with numbers. A value
+with numbers; and, from ``export_onnx(verify=True)``, the outputs on a fresh
+random input of the example's own sizes against EveryO's eager pass, which
+catches a value computed from the example's data outside the graph. A value
 agrees when each element is within 1e-5 absolutely or relatively (float32);
 integers and booleans must be equal.
 """
