@@ -329,6 +329,32 @@ def test_norms_at_an_offset_of_1e4_are_as_accurate_as_torch(which):
     assert ours_err <= 2 * torch_err, (which, ours_err, torch_err)
 
 
+@pytest.mark.parametrize("op", ["softmax", "logsumexp"])
+def test_an_all_minus_inf_slice_is_a_documented_convention(op):
+    """PyTorch gives NaN (softmax forward, logsumexp gradient) for a slice of
+    -inf only; EveryO gives 0, as masked attention needs (documented in the
+    ops' docstrings and in "Coming from PyTorch"). Checked both ways, so a
+    change on either side shows."""
+    x = np.full((2, 3), -np.inf, np.float32)
+    x[1] = [0.5, -1.0, 2.0]
+    ours = eo.tensor(x, requires_grad=True)
+    theirs = torch.tensor(x, requires_grad=True)
+    if op == "softmax":
+        out, ref = eo.softmax(ours, axis=-1), torch.softmax(theirs, -1)
+    else:
+        out, ref = eo.logsumexp(ours, axis=-1), torch.logsumexp(theirs, -1)
+    out.sum().backward()
+    ref.sum().backward()
+    fwd, grad = ref.detach().numpy(), theirs.grad.numpy()
+    np.testing.assert_allclose(out.data[1], fwd[1], rtol=1e-6)
+    np.testing.assert_allclose(ours.grad[1], grad[1], rtol=1e-5, atol=1e-7)
+    if op == "softmax":
+        assert np.isnan(fwd[0]).all() and np.all(out.data[0] == 0)
+    else:
+        assert fwd[0] == -np.inf and out.data[0] == -np.inf
+        assert np.isnan(grad[0]).all() and np.all(ours.grad[0] == 0)
+
+
 def test_dropout_p1_and_eval():
     x = _nan_inf((3, 4))
     _compare("dropout", lambda a: eo.dropout(a, 1.0), lambda a: F.dropout(a, 1.0), [x])

@@ -123,8 +123,8 @@ def prod(a: TensorLike, axis: Axis = None, keepdims: bool = False) -> Tensor:
 def std(a: TensorLike, axis: Axis = None, keepdims: bool = False, ddof: float = 0) -> Tensor:
     """Standard deviation, ``sqrt(var(a, axis, ddof=ddof))`` (``ddof=0``: the
     biased estimate, like NumPy; PyTorch's default is ``ddof=1``).
-    Where the deviation is zero the gradient is zero (PyTorch gives NaN
-    there); where no divisor is left (``ddof=1`` over one element) the result
+    Where the deviation is zero the gradient is zero (as in PyTorch); where
+    no divisor is left (``ddof=1`` over one element) the result
     and its gradient are NaN, as in PyTorch.
 
     Examples:
