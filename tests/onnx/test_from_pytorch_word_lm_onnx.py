@@ -10,7 +10,7 @@ import onnx
 
 import everyo as eo
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "core"))
+sys.path.append(os.path.join(os.path.dirname(__file__), "..", "core"))  # word_lm_port, shared with tests/core
 from word_lm_port import run_main  # noqa: E402
 
 
