@@ -5,6 +5,7 @@ so the two runs draw no masks; the port itself keeps it)."""
 
 import argparse
 import importlib.util
+import math
 import os
 import re
 
@@ -36,7 +37,8 @@ def test_the_port_runs_unchanged_and_learns(capsys):
     )
     train, test = _losses(capsys.readouterr().out)
     assert len(train) == 8 and len(test) == 2
-    assert np.mean(train[4:]) < 0.8 * np.mean(train[:4]) and test[1] < test[0]
+    assert all(np.isfinite(train)) and max(train[4:]) < max(train[:4])
+    assert test[1] < min(test[0], math.log(10))  # below the uniform guess over ten classes, and falling
 
 
 def _torch_net(torch):
