@@ -12,16 +12,21 @@ every pair of {bool, int32, int64, float16, bfloat16, float32}:
 
 import itertools
 
-import ml_dtypes
 import numpy as np
 import pytest
 
 import everyo as eo
 
-BF16 = np.dtype(ml_dtypes.bfloat16)
-DTYPES = [np.dtype(bool), np.dtype(np.int32), np.dtype(np.int64), np.dtype(np.float16), BF16, np.dtype(np.float32)]
-FLOATS = {np.dtype(np.float16), BF16, np.dtype(np.float32), np.dtype(np.float64)}
-RANK = {np.dtype(np.float16): 0, BF16: 0, np.dtype(np.float32): 1, np.dtype(np.float64): 2}
+try:  # bfloat16 comes with ml_dtypes (everyo-core[amp]); the lowest-versions cell has none
+    import ml_dtypes
+
+    BF16 = np.dtype(ml_dtypes.bfloat16)
+except ImportError:
+    BF16 = None
+F16, F32, F64 = np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64)
+DTYPES = [d for d in (np.dtype(bool), np.dtype(np.int32), np.dtype(np.int64), F16, BF16, F32) if d is not None]
+FLOATS = {d for d in (F16, BF16, F32, F64) if d is not None}
+RANK = {F16: 0, BF16: 0, F32: 1, F64: 2}
 
 BINARY = {
     "add": eo.add,
@@ -126,9 +131,9 @@ def test_matches_torch_promotion():
         np.dtype(bool): torch.bool,
         np.dtype(np.int32): torch.int32,
         np.dtype(np.int64): torch.int64,
-        np.dtype(np.float16): torch.float16,
+        F16: torch.float16,
         BF16: torch.bfloat16,
-        np.dtype(np.float32): torch.float32,
+        F32: torch.float32,
     }
     back = {v: k for k, v in tdt.items()}
     for a, b in itertools.product(DTYPES, DTYPES):
