@@ -227,3 +227,23 @@ def test_nanogpt_with_targets_exports_the_loss(tmp_path):
         got_logits, got_loss = eo.run_onnx(path, idx, targets)
         np.testing.assert_allclose(got_logits, logits.data, rtol=1e-5, atol=1e-5)
         np.testing.assert_allclose(got_loss, loss.data, rtol=1e-5, atol=1e-5)
+
+
+def test_nanogpt_compiled_serves_it_and_checks_the_assert():
+    import warnings
+
+    from everyo.errors import EveryOShapeError
+
+    model = GPT(GPTConfig()).eval()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no fallback to EveryO: the graph runs in ONNX Runtime
+        fast = eo.onnx.compile(model, _ids(1, 5, 0), input_names=["idx"], dynamic_axes={"idx": {0: "batch", 1: "seq"}})
+        for batch, length in [(1, 1), (2, GPTConfig.block_size)]:
+            idx = _ids(batch, length, 7)
+            logits, loss = fast(idx)
+            with eo.no_grad():
+                expected, _ = model(eo.tensor(idx))
+            assert loss is None
+            np.testing.assert_allclose(logits.data, expected.data, rtol=1e-5, atol=1e-5)
+    with pytest.raises(EveryOShapeError, match=r"needs seq <= 8 .*seq=9"):
+        fast(_ids(2, GPTConfig.block_size + 1, 7))  # nanoGPT's assert, checked before ONNX Runtime runs
