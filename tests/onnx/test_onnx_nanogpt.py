@@ -7,8 +7,7 @@ sequence length, ``pos = arange(0, t)``, ``forward(idx, targets=None)``
 returning ``(logits, loss)`` with ``logits[:, [-1], :]`` at inference). What
 differs is spelling only: ``x.shape`` for PyTorch's ``x.size()`` (EveryO's
 ``x.size`` is NumPy's element count), weights drawn with NumPy instead of ``torch.nn.init``,
-``lm_head.tie_weight(wte.weight)`` for ``wte.weight = lm_head.weight``, and
-cross_entropy without ``ignore_index`` (EveryO's has none).
+and ``lm_head.tie_weight(wte.weight)`` for ``wte.weight = lm_head.weight``.
 
 Both attention branches are tested: the manual one (causal-mask buffer sliced
 ``[:, :, :T, :T]``) and ``scaled_dot_product_attention(is_causal=True)``
@@ -164,7 +163,7 @@ class GPT(eo.Module):
 
         if targets is not None:
             logits = self.lm_head(x)
-            loss = eo.cross_entropy(logits.view(-1, logits.shape[-1]), targets.view(-1))
+            loss = eo.cross_entropy(logits.view(-1, logits.shape[-1]), targets.view(-1), ignore_index=-1)
         else:
             logits = self.lm_head(x[:, [-1], :])  # note: using list [-1] to preserve the time dim
             loss = None
@@ -174,6 +173,12 @@ class GPT(eo.Module):
 
 def _ids(batch, length, seed):
     return np.random.default_rng(seed).integers(0, GPTConfig.vocab_size, (batch, length))
+
+
+def _targets(batch, length, seed):
+    targets = _ids(batch, length, seed)
+    targets[0, 0] = -1  # ignored (ignore_index=-1); the other rows keep the loss defined at length 1
+    return targets
 
 
 @pytest.mark.parametrize("flash", [False, True], ids=["manual_attention", "scaled_dot_product_attention"])
@@ -214,14 +219,14 @@ def test_nanogpt_with_targets_exports_the_loss(tmp_path):
     eo.export_onnx(
         model,
         path,
-        example_input=(_ids(2, 5, 1), _ids(2, 5, 2)),
+        example_input=(_ids(2, 5, 1), _targets(2, 5, 2)),
         input_names=["idx", "targets"],
         output_names=["logits", "loss"],
         dynamic_axes=axes,
         verify=True,
     )
     for length in (1, 8):
-        idx, targets = _ids(3, length, 3), _ids(3, length, 4)
+        idx, targets = _ids(3, length, 3), _targets(3, length, 4)
         with eo.no_grad():
             logits, loss = model(eo.tensor(idx), eo.tensor(targets))
         got_logits, got_loss = eo.run_onnx(path, idx, targets)
