@@ -400,9 +400,15 @@ def max_pool2d(
             grad_win = np.zeros(win.shape, dtype=g.dtype)
         taken = np.zeros(best.shape, dtype=bool)
         last = (kernel[0] - 1, kernel[1] - 1)
+        # A window holding NaN pools to NaN: its (first) NaN takes the gradient, as in PyTorch.
+        nan_best = np.isnan(best)
+        if not nan_best.any():
+            nan_best = None
         for i in range(kernel[0]):
             for j in range(kernel[1]):
                 hit = win[..., i, j] == best
+                if nan_best is not None:
+                    hit |= nan_best & np.isnan(win[..., i, j])
                 if i or j:
                     hit &= ~taken
                 if (i, j) != last:
