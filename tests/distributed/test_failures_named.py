@@ -82,3 +82,19 @@ def test_mpi_names_the_raising_rank_in_every_place():
         assert returncode != 0
         assert "ValueError: boom on rank 1" in output and "uncaught ValueError on rank 1" in output, output[-3000:]
         assert "on rank 0" not in output
+
+
+def test_the_launcher_reads_torchruns_variables(monkeypatch):
+    from everyo.distributed import run
+
+    monkeypatch.setenv("PET_NPROC_PER_NODE", "3")
+    monkeypatch.setenv("PET_MAX_RESTARTS", "2")
+    args = run._parser().parse_args(["train.py", "--lr", "0.1"])
+    assert (int(args.nproc), int(args.max_restarts), args.script, args.script_args) == (
+        3,
+        2,
+        "train.py",
+        ["--lr", "0.1"],
+    )
+    args = run._parser().parse_args(["--nproc_per_node", "4", "--max_restarts", "1", "--standalone", "train.py"])
+    assert (args.nproc, args.max_restarts, args.standalone) == (4, 1, True)
