@@ -60,15 +60,23 @@ def build(kind, rank):
 
 
 def train(group, kind, steps, kill_at, every=None):
+    """``kind``: ``mlp``, ``cnn``, or ``mlp_amp`` (the MLP under autocast with a GradScaler)."""
     import everyo as eo
     from everyo.distributed import DistributedDataParallel, DistributedSampler, elastic
 
+    amp = kind.endswith("_amp")
+    kind = kind.removesuffix("_amp")
     np.random.seed(group.rank)  # noqa: NPY002 - the global stream, which the snapshot must restore
     x, y = data(kind)
     model = DistributedDataParallel(build(kind, group.rank), group)
     optimizer = eo.SGD(model.parameters(), lr=0.05, momentum=0.9) if kind == "mlp" else eo.Adam(model.parameters())
     sampler = DistributedSampler(len(x), group, seed=3)
-    state = elastic.state(model, optimizer, sampler=sampler)
+    scaler = None
+    if amp:
+        from everyo.amp import GradScaler
+
+        scaler = GradScaler(init_scale=2.0**16, growth_interval=3)  # overflows, skips and growth within the run
+    state = elastic.state(model, optimizer, sampler=sampler, scaler=scaler)
     per_epoch = len(sampler) // BATCH
     losses = np.full(steps, np.nan, np.float64)
     for step in range(state.step, steps):
@@ -78,14 +86,25 @@ def train(group, kind, steps, kill_at, every=None):
         sampler.set_epoch(epoch)
         rows = sampler.indices()[b * BATCH : (b + 1) * BATCH]
         optimizer.zero_grad()
-        out = model(eo.tensor(x[rows]))
+        if amp:
+            from everyo.amp import autocast
+
+            with autocast():
+                out = model(eo.tensor(x[rows]))
+        else:
+            out = model(eo.tensor(x[rows]))
         weight = np.float32(np.random.uniform(0.5, 1.5))  # noqa: NPY002 - the global stream, drawn after the snapshot point
         if kind == "mlp":
             loss = eo.mean((out - eo.tensor(y[rows])) ** 2) * weight
         else:
             loss = eo.cross_entropy(out, y[rows]) * weight
-        loss.backward()
-        optimizer.step()
+        if scaler is not None:
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
+        else:
+            loss.backward()
+            optimizer.step()
         losses[step] = float(loss.data)
     return {
         "params": [p.data.copy() for p in model.parameters()],

@@ -118,3 +118,13 @@ def test_the_tcp_launcher_lists_every_failure_when_the_restarts_are_used_up():
     assert report.count("exitcode  : 3") == 3  # every attempt's failure, the root cause last
     assert "restart   : 1" in report and "restart   : 2" in report
     assert "Root Cause" in report and "rank      : 1" in report.split("Root Cause")[1]
+
+
+@pytest.mark.usefixtures("no_leftovers")
+def test_spawn_resumes_bit_identical_with_a_grad_scaler():
+    # The MLP under autocast, its GradScaler growing every 3 steps: the snapshot carries the scale.
+    pytest.importorskip("everyo.amp")
+    args = ("mlp_amp", STEPS, 10)
+    reference = spawn(elastic_workers.train, 2, args=(*args[:2], -1), timeout=300)
+    got = spawn(elastic_workers.train, 2, args=args, timeout=300, max_restarts=1, snapshot_every=EVERY)
+    assert_identical(got, reference, 2)
