@@ -177,6 +177,19 @@ def _edge_cases():
             yield f"{name}{shape}x()", fn, [shape, ()]
     for a, b in [((4,), (4,)), ((0,), (0,)), ((1,), (1, 3)), ((3, 1), (1,)), ((0, 2), (2, 3)), ((2, 0), (0, 3))]:
         yield f"matmul{a}@{b}", eo.matmul, [a, b]
+    for shape in [(), (1,), (0,), (3, 0), (2, 1, 3)]:
+        yield f"where{shape}", lambda a, b: eo.where(np.ones(a.shape, bool) if a.ndim else True, a, b), [shape, shape]
+        if shape:
+            yield f"concatenate{shape}", lambda a, b: eo.concatenate([a, b], axis=0), [shape, shape]
+            yield f"getitem{shape}", lambda a: a[:1], [shape]
+            yield f"reshape{shape}", lambda a: a.reshape(-1), [shape]
+    # windows over the smallest and empty inputs (NHWC)
+    for hw in [(1, 1), (2, 1), (0, 3)]:
+        shape = (2, *hw, 2)
+        yield f"avg_pool2d{shape}", lambda a: eo.avg_pool2d(a, 1), [shape]
+        yield f"max_pool2d{shape}", lambda a: eo.max_pool2d(a, 1), [shape]
+        yield f"conv2d{shape}", lambda a, w: eo.conv2d(a, w, padding="same"), [shape, (1, 1, 2, 3)]
+    yield "conv2d(0, 3, 3, 2)", lambda a, w: eo.conv2d(a, w), [(0, 3, 3, 2), (2, 2, 2, 3)]
 
 
 EDGE_CASES = list(_edge_cases())
