@@ -10,7 +10,7 @@ when the add-on is installed.
 # this package's namespace. Must stay the first statement.
 __path__ = __import__("pkgutil").extend_path(__path__, __name__)
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 import typing as _typing  # noqa: E402
 
