@@ -275,5 +275,7 @@ def test_crop_block_size_keeps_the_logits(monkeypatch):
         after, _ = model(eo.tensor(x))
         assert model.transformer.wpe.weight.shape == (8, 16)
         np.testing.assert_array_equal(after.data, before.data)
+        if not flash:  # the cropped mask stays a buffer, saved with the model (as in PyTorch)
+            assert model.state_dict()["transformer.h.0.attn.bias"].shape == (1, 1, 8, 8)
         with pytest.raises(AssertionError, match="block size is only 8"):
             model(eo.tensor(np.zeros((1, 9), np.int64)))

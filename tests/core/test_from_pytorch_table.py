@@ -44,6 +44,15 @@ def check_size():
         x.size(1)
 
 
+def check_setitem():
+    x = eo.tensor(a(2, 3))
+    mask = x.data > 0
+    with pytest.raises(eo.EveryOSpellingError, match=r"masked_fill"):
+        x[mask] = 0.0
+    np.testing.assert_array_equal(x.masked_fill(mask, 0.0).data, np.where(mask, 0.0, x.data))
+    np.testing.assert_array_equal(eo.where(mask, 0.0, x).data, np.where(mask, 0.0, x.data))
+
+
 def check_dim():
     x = a(2, 3, 4)
     got = eo.tensor(x).sum(dim=1, keepdim=True)
@@ -252,6 +261,7 @@ def check_astype():
 CHECKS = {
     "`x.size()`, `x.size(d)`": check_size,
     "`x.sum(dim=1, keepdim=True)`": check_dim,
+    "`x[mask] = v`": check_setitem,
     "`values, idx = x.max(dim=1)`": check_max_dim,
     "`x.var(dim=1)`, `x.std(dim=1)`": check_var_dim,
     "`x.var()`, `x.std()`": check_var_all,

@@ -243,3 +243,18 @@ def test_narrower_input_is_not_cast_up_and_a_float64_model_keeps_float64():
     assert eo.Linear(4, 2, seed=0).to("float64")(X.astype(np.float64)).dtype == "float64"
     # functional ops keep NumPy promotion
     assert eo.linear(eo.tensor(X.astype(np.float64)), layer.weight).dtype == "float64"
+
+
+def test_assigning_a_tensor_to_a_buffer_name_keeps_it_a_registered_buffer():
+    # PyTorch: `self.bias = self.bias[:, :, :n, :n]` (nanoGPT's crop_block_size) replaces the
+    # buffer and it stays in state_dict; dropping it from the registry would lose it silently.
+    m = eo.Module()
+    m.register_buffer("mask", np.tril(np.ones((4, 4), dtype=np.float32)))
+    m.mask = m.mask[:2, :2]
+    assert "mask" in dict(m.named_buffers()) and m.state_dict()["mask"].shape == (2, 2)
+    m.mask = np.zeros(3, dtype=np.float32)  # a plain array is wrapped, as register_buffer does
+    assert isinstance(m.mask, eo.Tensor) and m.state_dict()["mask"].shape == (3,)
+    m.mask = None
+    assert "mask" not in m.state_dict()
+    m.mask = eo.Parameter(np.ones(2, dtype=np.float32))  # a Parameter becomes a parameter
+    assert "mask" in dict(m.named_parameters()) and "mask" not in dict(m.named_buffers())

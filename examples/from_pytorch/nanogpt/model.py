@@ -20,9 +20,8 @@ over the two files, this paragraph and the list below not counted). Why:
   (EveryO Tensors take no item assignment);
 - ``from_pretrained`` raises: it downloads GPT-2 through Hugging Face ``transformers`` (a torch
   library); load a torch ``state_dict`` with ``eo.load_torch_state_dict`` instead;
-- ``crop_block_size`` works, but the cropped causal mask becomes a plain attribute, not a
-  buffer (EveryO's Module keeps a buffer only through ``register_buffer``), so it leaves the
-  ``state_dict`` (the flash branch, the one EveryO takes, has no mask).
+- ``crop_block_size`` works as written: assigning the cropped mask to the buffer's name keeps
+  it a registered buffer (as in PyTorch), so it stays in the ``state_dict``.
 
 Both attention branches run: EveryO has ``scaled_dot_product_attention(is_causal=True)``, so
 ``self.flash`` is True; without it the manual branch (the mask buffer) is taken. The fused

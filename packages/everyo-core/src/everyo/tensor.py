@@ -251,6 +251,16 @@ class Tensor:
         """Whether this tensor was made by the user (or by an op outside the graph), not recorded from an op."""
         return self._backward is None
 
+    def __setitem__(self, index: Any, value: Any) -> None:
+        # PyTorch writes in place (``t[mask] = v``); an EveryO Tensor is a node of the
+        # graph and is never changed in place, so say which op gives the same values.
+        raise EveryOSpellingError(
+            "Tensor item assignment (t[index] = value) is PyTorch's in-place write; EveryO tensors "
+            "are not changed in place: use t.masked_fill(mask, value) or eo.where(mask, value, t) for "
+            "a boolean mask, or build the new tensor (e.g. eo.concatenate) -- or, outside autograd, "
+            "write into the NumPy array t.data[index] = value"
+        )
+
     def __len__(self) -> int:
         return len(self.data)
 

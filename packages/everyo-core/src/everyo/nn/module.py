@@ -101,6 +101,16 @@ class Module:
             registry[name] = None
             object.__setattr__(self, name, None)
             return
+        if (
+            name in self._buffers
+            and not isinstance(value, Parameter)
+            and (value is None or isinstance(value, (Tensor, np.ndarray)))
+        ):
+            # PyTorch: a Tensor (or None) assigned to a registered buffer's name replaces the
+            # buffer and stays registered (saved in state_dict); dropping it silently would
+            # lose the state at the next save.
+            self.register_buffer(name, value)
+            return
         if name in self._generators and isinstance(value, np.random.Generator):
             self.register_generator(name, value)  # a new stream in a registered slot stays saved
             return
