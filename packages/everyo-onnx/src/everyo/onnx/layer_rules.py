@@ -151,6 +151,12 @@ def normalize(t, node):
     name = t.name(x, dtype, 0)
     axes = sorted(int(i) % x.data.ndim for i in np.atleast_1d(a["axis"]))
     eps = np.asarray(a["eps"], dtype)
+    if _fits_layer_normalization(g, a, x, weight, bias, axes, dtype):
+        # One node instead of nine: ONNX's LayerNormalization (opset 17)
+        # normalises over the trailing axes, as core does here.
+        inputs = [name, t.name(weight, dtype, 1), t.name(bias, dtype, 2)]
+        t.set(node.outputs[0], g.node("LayerNormalization", inputs, axis=axes[0], epsilon=float(eps)))
+        return
     if a.get("mean") is None:
         mean = g.reduce("ReduceMean", name, axes, True)
         centered = g.node("Sub", [name, mean])
@@ -163,3 +169,20 @@ def normalize(t, node):
     if weight is not None:
         y = g.node("Add", [g.node("Mul", [y, t.name(weight, dtype, 1)]), t.name(bias, dtype, 2)])
     t.set(node.outputs[0], y)
+
+
+def _fits_layer_normalization(g, attrs, x, weight, bias, axes, dtype):
+    """Whether ``normalize`` is ONNX's LayerNormalization: x's own statistics
+    over its trailing axes, float32, an affine weight and bias of exactly the
+    normalised shape, and an opset that has the op."""
+    rank = x.data.ndim
+    return (
+        g.opset >= 17
+        and attrs.get("mean") is None
+        and dtype == np.float32
+        and axes == list(range(axes[0], rank))
+        and weight is not None
+        and bias is not None
+        and tuple(weight.shape) == tuple(x.shape[axes[0] :])
+        and tuple(bias.shape) == tuple(weight.shape)
+    )

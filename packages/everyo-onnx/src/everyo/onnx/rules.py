@@ -242,9 +242,16 @@ def softmax(t, node):
     x, blocked = node.inputs
     axis = int(node.attrs.get("axis", -1)) % x.data.ndim
     name = t.name(x, np.float32, 0)
-    mask = None if blocked is None else _blocked_mask(t, node, x, blocked)
+    mask, causal_only = (None, False) if blocked is None else _blocked_mask(t, node, x, blocked)
     attention.fuse(t, node, mask)
-    if blocked is None and not _may_be_all_minus_inf(x):
+    if (blocked is None or causal_only) and not _may_be_all_minus_inf(x):
+        # ONNX's Softmax gives what core gives wherever a row keeps an entry
+        # that is not -inf. The causal mask alone never blocks a row's first
+        # entry, so under it (as without a mask) a row is all -inf only when
+        # the scores themselves are -inf there, caught above for a constant
+        # additive mask (ORT gives NaN there, core zeros).
+        if mask is not None:
+            name = t.g.node("Where", [mask, t.g.scalar(-np.inf, np.float32, "minus_inf"), name])
         t.set(_out(node), t.g.node("Softmax", [name], axis=axis))
         return
     # Core's masked softmax, step for step: blocked entries are -inf; a row
@@ -281,15 +288,18 @@ def _blocked_mask(t, node, scores, blocked):
     mask, so it follows dynamic sequence lengths; anything else is a constant
     (and refused by the constant check if it varies between the traces).
 
+    Returns ``(mask, causal_only)``; ``causal_only`` says the mask is the
+    causal mask alone, which leaves every row's first entry unblocked.
+
     A mask that *is* a view of an input (a key padding mask alone) is that
     input. A combination (causal | padding) is a new array, recognised by
     value; a hypothesis counts only if it holds in both traces, which tells
     "padding" from "padding and causal" when one trace cannot (a fully
     padded example)."""
     if blocked.dynamic:
-        return t.name(blocked, np.bool_, 1)
+        return t.name(blocked, np.bool_, 1), False
     if any(blocked.array.base is inp.array for inp in t.tracer.inputs):
-        return t.name(blocked, np.bool_, 1)  # the input itself, with axes added (Translator._from_input)
+        return t.name(blocked, np.bool_, 1), False  # the input itself, with axes added (Translator._from_input)
     other = t.partner_node(node)
     chosen = None
     for hypothesis in _mask_hypotheses(t.tracer, scores, blocked):
@@ -297,7 +307,7 @@ def _blocked_mask(t, node, scores, blocked):
             chosen = hypothesis
             break
     if chosen is None:
-        return t.name(blocked, np.bool_, 1)
+        return t.name(blocked, np.bool_, 1), False
     k, with_causal = chosen
     rank = scores.data.ndim
     parts = [] if k is None else [t.g.unsqueeze(t.name(t.tracer.inputs[k]), list(range(1, rank - 1)))]
@@ -310,7 +320,7 @@ def _blocked_mask(t, node, scores, blocked):
     mask = parts[0]
     for p in parts[1:]:
         mask = t.g.node("Or", [mask, p])
-    return mask
+    return mask, k is None
 
 
 def _mask_hypotheses(tracer, scores, blocked):
