@@ -37,6 +37,25 @@ def test_compiled_cnn_agrees_with_eager_in_eval_mode_at_several_batches():
     np.testing.assert_allclose(fast(eo.tensor(images(2))).data, fast(images(2)).data)  # Tensors or arrays
 
 
+def test_batch_one_runs_in_a_one_thread_session_unless_threads_is_given():
+    model = digit_cnn().eval()
+    fast = eo.onnx.compile(model, images(2))
+    fast(images(4))
+    assert fast._single is None  # built on the first batch-1 call only
+    y = fast(images(1, seed=4))
+    single = fast._single
+    assert single is not None and single is not fast.session
+    assert single.get_session_options().intra_op_num_threads == 1
+    np.testing.assert_allclose(y.data, _eval_forward(model, images(1, seed=4)), rtol=0, atol=1e-5)
+    fast(images(1))
+    assert fast._single is single  # reused
+    fast.recompile()
+    assert fast._single is None
+    pinned = eo.onnx.compile(model, images(2), threads=2)
+    pinned(images(1))
+    assert pinned._single is None
+
+
 def test_compiled_lstm_language_model_takes_and_returns_the_nesting():
     model = RNNModel().eval()
     fast = eo.onnx.compile(model, lm_inputs(2, 5), input_names=["ids", "h0", "c0"], dynamic_axes=LM_AXES)
