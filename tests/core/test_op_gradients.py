@@ -5,6 +5,8 @@ import numpy as np
 import pytest
 
 import everyo as eo
+from everyo.recurrent_ops import gru_scan, lstm_scan, rnn_scan
+from everyo.sequence_ops import embedding
 from everyo.testing import check_gradients
 
 rng = np.random.default_rng(0)
@@ -190,6 +192,82 @@ def _edge_cases():
         yield f"max_pool2d{shape}", lambda a: eo.max_pool2d(a, 1), [shape]
         yield f"conv2d{shape}", lambda a, w: eo.conv2d(a, w, padding="same"), [shape, (1, 1, 2, 3)]
     yield "conv2d(0, 3, 3, 2)", lambda a, w: eo.conv2d(a, w), [(0, 3, 3, 2), (2, 2, 2, 3)]
+
+    yield from _sequence_edge_cases()
+
+
+def _recurrent(kind, hidden, bidirectional, state):
+    layer = getattr(eo.nn, kind)(2, hidden, bidirectional=bidirectional, seed=0, dtype="float64")
+    pick = (lambda o: o[0]) if state == "out" else (lambda o: o[1][1] if kind == "LSTM" else o[1])
+    return lambda x: pick(layer(x))
+
+
+def _mha(heads, cross):
+    layer = eo.nn.MultiHeadAttention(4, heads, seed=0, dtype="float64")
+    return (lambda q, k: layer(q, k, k)) if cross else (lambda q: layer(q))
+
+
+def _sequence_edge_cases():
+    """Recurrent scans, attention, embedding lookups and einsum at their smallest
+    and empty sizes (batch, time, hidden, length, heads, ids, contracted axes)."""
+    for kind in ("RNN", "LSTM", "GRU"):
+        for batch, time, hidden in [(1, 3, 2), (2, 1, 2), (2, 3, 1), (1, 1, 1), (0, 3, 2), (2, 0, 2)]:
+            for bi in (False, True):
+                for state in ("out", "state"):
+                    fn = _recurrent(kind, hidden, bi, state)
+                    yield f"{kind}(B={batch},T={time},H={hidden},bi={bi})-{state}", fn, [(batch, time, 2)]
+    # the functional scans: xp is the input projection (B, T, gates * H)
+    for batch, time, hidden in [(1, 1, 1), (0, 2, 2), (2, 1, 3)]:
+        b, t, h = batch, time, hidden
+        yield f"rnn_scan(B={b},T={t},H={h})", lambda x, h0, w: rnn_scan(x, h0, w)[0], [(b, t, h), (b, h), (h, h)]
+        yield (
+            f"lstm_scan(B={b},T={t},H={h})",
+            lambda x, h0, c0, w: lstm_scan(x, h0, c0, w)[2],
+            [(b, t, 4 * h), (b, h), (b, h), (h, 4 * h)],
+        )
+        yield (
+            f"gru_scan(B={b},T={t},H={h})",
+            lambda x, h0, w, bh: gru_scan(x, h0, w, bh, reverse=True)[0],
+            [(b, t, 3 * h), (b, h), (h, 3 * h), (3 * h,)],
+        )
+    sdpa = eo.scaled_dot_product_attention
+    yield "scaled_dot_product_attention(1-D)", sdpa, [(4,), (4,), (4,)]  # refused, naming the op
+    for batch, L, S, E in [(1, 1, 3, 4), (2, 3, 1, 4), (1, 1, 1, 1), (0, 2, 2, 4), (2, 3, 3, 0)]:
+        q, kv = (batch, L, E), (batch, S, max(E, 2))
+        yield f"scaled_dot_product_attention(B={batch},L={L},S={S},E={E})", sdpa, [q, (batch, S, E), kv]
+        yield (
+            f"scaled_dot_product_attention(B={batch},L={L},S={S},E={E},causal)",
+            lambda a, b, c: sdpa(a, b, c, is_causal=True),
+            [q, (batch, S, E), kv],
+        )
+    for heads in (1, 4):
+        for batch, L, S in [(1, 1, 1), (0, 2, 2), (2, 1, 3), (2, 3, 1)]:
+            yield (
+                f"MultiHeadAttention(h={heads},B={batch},L={L},S={S})",
+                _mha(heads, True),
+                [(batch, L, 4), (batch, S, 4)],
+            )
+        yield f"MultiHeadAttention(h={heads},self,B=1,L=1)", _mha(heads, False), [(1, 1, 4)]
+    for ids in ([3], [], [[1, 1, 1]], np.zeros((0, 3), int), 2, [4, 0, 4]):
+        ids = np.asarray(ids, dtype=np.int64)
+        yield f"embedding(ids{ids.shape})", lambda w, ids=ids: embedding(ids, w), [(5, 3)]
+    for sub, shapes in [
+        ("ij,jk->ik", [(2, 1), (1, 3)]),
+        ("ij,jk->ik", [(2, 0), (0, 3)]),
+        ("i,i->", [(1,), (1,)]),
+        ("i,i->", [(0,), (0,)]),
+        ("i,i", [(3,), (3,)]),
+        ("ii->", [(1, 1)]),
+        ("ii->i", [(0, 0)]),
+        ("ij->", [(0, 3)]),
+        ("->", [()]),
+        (",->", [(), ()]),
+        ("i,->i", [(3,), ()]),
+        ("bij,bjk->bik", [(0, 2, 3), (0, 3, 2)]),
+        ("...i,i->...", [(2, 1, 3), (3,)]),
+        ("i,j->ij", [(0,), (2,)]),
+    ]:
+        yield f"einsum({sub},{shapes})", lambda *a, sub=sub: eo.einsum(sub, *a), shapes
 
 
 EDGE_CASES = list(_edge_cases())

@@ -414,3 +414,128 @@ def test_dropout_p1_and_eval():
     x = _nan_inf((3, 4))
     _compare("dropout", lambda a: eo.dropout(a, 1.0), lambda a: F.dropout(a, 1.0), [x])
     _compare("dropout", lambda a: eo.dropout(a, 1.0, training=False), lambda a: F.dropout(a, 1.0, training=False), [x])
+
+
+# --- sequence ops at their smallest and empty sizes (issue 28) ----------------------------
+RECURRENT_SHAPES = [(1, 3, 2), (2, 1, 2), (2, 3, 1), (1, 1, 1), (0, 3, 2), (2, 0, 2)]  # (batch, time, hidden)
+RECURRENT_CASES = [(k, s, bi) for k in ("RNN", "LSTM", "GRU") for s in RECURRENT_SHAPES for bi in (False, True)]
+
+
+@pytest.mark.parametrize("kind,shape,bi", RECURRENT_CASES, ids=[f"{k}-{s}-bi{b}" for k, s, b in RECURRENT_CASES])
+def test_recurrent_edge_shapes(kind, shape, bi):
+    batch, time, hidden = shape
+    theirs = getattr(torch.nn, kind)(2, hidden, bidirectional=bi, batch_first=True, dtype=torch.float64)
+    ours = getattr(eo.nn, kind)(2, hidden, bidirectional=bi, dtype="float64")
+    for name, p in theirs.named_parameters():
+        getattr(ours, name).data = p.detach().numpy().T.copy()  # EveryO stores (in, gates * hidden)
+    x = rng.standard_normal((batch, time, 2))
+    if x.size:
+        x[0, -1, 0] = np.nan  # the last step of the first sequence: NaN from there on (both directions)
+    _compare(f"{kind}-{shape}", lambda t: ours(t)[0], lambda t: theirs(t)[0], [x], fwd_rtol=1e-10, grad_rtol=1e-9)
+
+
+def _sdpa_padded(nan_in):
+    """q, k, v with the last two keys blocked for every query and NaN/inf there."""
+    q, k, v = rng.standard_normal((2, 3, 4)), rng.standard_normal((2, 5, 4)), rng.standard_normal((2, 5, 4))
+    attend = np.ones((3, 5), bool)
+    attend[:, -2:] = False
+    dirty = [a.copy() for a in (q, k, v)]
+    for i in nan_in:
+        dirty[i][:, -2:, 0], dirty[i][:, -1, 1] = np.nan, np.inf
+    return (q, k, v), dirty, attend
+
+
+@pytest.mark.parametrize("nan_in", [(1,), (2,), (1, 2)], ids=["key", "value", "both"])
+def test_nan_in_a_blocked_key_does_not_leak(nan_in):
+    # Convention: a key every query has blocked is hidden (0 * nan would be NaN);
+    # PyTorch lets the NaN leak everywhere. EveryO on the dirty inputs equals
+    # PyTorch on the clean ones, output and every gradient.
+    clean, dirty, attend = _sdpa_padded(nan_in)
+    ours = [eo.tensor(a, requires_grad=True) for a in dirty]
+    out = eo.scaled_dot_product_attention(*ours, attn_mask=attend)
+    ref = [torch.tensor(a, requires_grad=True) for a in clean]
+    expected = F.scaled_dot_product_attention(*ref, attn_mask=torch.tensor(attend))
+    g = rng.standard_normal(out.shape)
+    out.backward(eo.tensor(g))
+    expected.backward(torch.tensor(g))
+    _close(out.data, expected.detach().numpy(), 1e-10, 1e-12, "sdpa forward")
+    for mine, theirs in zip(ours, ref):
+        _close(mine.grad.data, theirs.grad.numpy(), 1e-10, 1e-12, "sdpa gradient")
+    leaked = F.scaled_dot_product_attention(*[torch.tensor(a) for a in dirty], attn_mask=torch.tensor(attend))
+    assert torch.isnan(leaked).any()  # the convention is a real difference
+
+
+def test_nan_in_a_padded_key_does_not_leak_through_multi_head_attention():
+    clean, dirty, _ = _sdpa_padded((1, 2))
+    padding = np.zeros((2, 5), bool)
+    padding[:, -2:] = True  # True = blocked, as torch.nn.MultiheadAttention
+    ours = eo.nn.MultiHeadAttention(4, 2, dtype="float64")
+    theirs = torch.nn.MultiheadAttention(4, 2, batch_first=True, dtype=torch.float64)
+    with torch.no_grad():
+        theirs.in_proj_weight.copy_(torch.tensor(ours.in_proj_weight.data.T))
+        theirs.in_proj_bias.copy_(torch.tensor(ours.in_proj_bias.data))
+        theirs.out_proj.weight.copy_(torch.tensor(ours.out_proj.weight.data.T))
+        theirs.out_proj.bias.copy_(torch.tensor(ours.out_proj.bias.data))
+    q, k, v = (eo.tensor(a, requires_grad=True) for a in dirty)
+    out = ours(q, k, v, key_padding_mask=padding)
+    tq, tk, tv = (torch.tensor(a, requires_grad=True) for a in clean)
+    expected, _ = theirs(tq, tk, tv, key_padding_mask=torch.tensor(padding))
+    out.sum().backward()
+    expected.sum().backward()
+    _close(out.data, expected.detach().numpy(), 1e-10, 1e-12, "MultiHeadAttention forward")
+    for mine, ref in ((q, tq), (k, tk), (v, tv)):
+        _close(mine.grad.data, ref.grad.numpy(), 1e-10, 1e-12, "MultiHeadAttention input gradient")
+
+
+@pytest.mark.parametrize("shape", [(1, 1, 1), (2, 1, 3), (2, 3, 1), (0, 2, 2)])
+@pytest.mark.parametrize("heads", [1, 4])
+def test_attention_edge_shapes(shape, heads):
+    batch, L, S = shape
+    arrays = [
+        rng.standard_normal((batch, L, 4)),
+        rng.standard_normal((batch, S, 4)),
+        rng.standard_normal((batch, S, 4)),
+    ]
+    _compare("scaled_dot_product_attention", eo.scaled_dot_product_attention, F.scaled_dot_product_attention, arrays)
+    causal = (
+        lambda *a: eo.scaled_dot_product_attention(*a, is_causal=True),
+        lambda *a: F.scaled_dot_product_attention(*a, is_causal=True),
+    )
+    _compare("scaled_dot_product_attention", *causal, arrays)
+
+
+@pytest.mark.parametrize("ids", [[3], [], [[1, 1, 1]], 2, [4, 0, 4, 4]], ids=str)
+@pytest.mark.parametrize("padding_idx", [None, 4])
+def test_embedding_edge_ids(ids, padding_idx):
+    from everyo.sequence_ops import embedding
+
+    ids = np.asarray(ids, dtype=np.int64)
+    _compare(
+        "embedding",
+        lambda w: embedding(ids, w, padding_idx=padding_idx),
+        lambda w: F.embedding(torch.tensor(ids), w, padding_idx=padding_idx),
+        [rng.standard_normal((5, 3))],
+    )
+
+
+EINSUM_CASES = [
+    ("ij,jk->ik", [(2, 1), (1, 3)]),
+    ("ij,jk->ik", [(2, 0), (0, 3)]),
+    ("i,i->", [(1,), (1,)]),
+    ("i,i->", [(0,), (0,)]),
+    ("ii->", [(1, 1)]),
+    ("ii->i", [(0, 0)]),
+    ("ij->", [(0, 3)]),
+    ("->", [()]),
+    (",->", [(), ()]),
+    ("i,->i", [(3,), ()]),
+    ("bij,bjk->bik", [(0, 2, 3), (0, 3, 2)]),
+    ("i,j->ij", [(0,), (2,)]),
+]
+
+
+@pytest.mark.parametrize("sub,shapes", EINSUM_CASES, ids=[f"{s}-{x}" for s, x in EINSUM_CASES])
+@pytest.mark.parametrize("variant", ["finite", "nan_inf"])
+def test_einsum_edge_shapes(sub, shapes, variant):
+    arrays = [_nan_inf(s) if variant == "nan_inf" and s else rng.standard_normal(s) for s in shapes]
+    _compare("einsum", lambda *a: eo.einsum(sub, *a), lambda *a: torch.einsum(sub, *a), arrays)

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from everyo.errors import EveryODTypeError, EveryOShapeError
-from everyo.functional import _t, add, dropout, matmul, mul, softmax, transpose
+from everyo.functional import _t, add, dropout, matmul, mul, softmax, transpose, where
 from everyo.random import generator_for
 from everyo.tensor import Tensor
 
@@ -77,31 +77,51 @@ def scaled_dot_product_attention(
         raise ValueError("scaled_dot_product_attention: pass attn_mask or is_causal=True, not both (as PyTorch)")
     if not 0.0 <= dropout_p < 1.0:
         raise ValueError(f"scaled_dot_product_attention: dropout_p must be in [0, 1), got {dropout_p}")
-    scale = 1.0 / math.sqrt(E) if scale is None else float(scale)
+    # E == 0: the scores are all zero whatever the scale (uniform weights, as PyTorch).
+    scale = 1.0 / math.sqrt(max(E, 1)) if scale is None else float(scale)
     order = tuple(range(k.data.ndim - 2)) + (k.data.ndim - 1, k.data.ndim - 2)
-    scores = mul(matmul(q, transpose(k, order)), scale)
-    blocked = None
+    lead = np.broadcast_shapes(q.data.shape[:-2], k.data.shape[:-2])
+    blocked, added = None, None
     if is_causal:
         blocked = np.triu(np.ones((L, S), dtype=bool), k=1)
     elif attn_mask is not None:
         mask = attn_mask.data if isinstance(attn_mask, Tensor) else np.asarray(attn_mask)
         try:
-            np.broadcast_shapes(mask.shape, scores.data.shape[:-2] + (L, S))
+            np.broadcast_shapes(mask.shape, lead + (L, S))
         except ValueError:
             raise EveryOShapeError(
                 f"scaled_dot_product_attention: attn_mask of shape {mask.shape} does not broadcast to the "
-                f"scores' shape {scores.data.shape[:-2] + (L, S)}"
+                f"scores' shape {lead + (L, S)}"
             ) from None
         if mask.dtype == np.bool_:
             blocked = ~mask
         elif mask.dtype.kind == "f":
-            scores = add(scores, attn_mask)
+            added = attn_mask
         else:
             raise EveryODTypeError(
                 f"scaled_dot_product_attention: attn_mask must be boolean (True = attend) or floating (added), "
                 f"got {mask.dtype}"
             )
+    scores = mul(matmul(q, transpose(hide_blocked_keys(k, blocked), order)), scale)
+    if added is not None:
+        scores = add(scores, added)
     weights = softmax(scores, axis=-1, blocked=blocked)
+    v = hide_blocked_keys(v, blocked)
     if dropout_p > 0:
         weights = dropout(weights, dropout_p, True, generator_for(seed))
     return matmul(weights, v)
+
+
+def hide_blocked_keys(t: Tensor, blocked: np.ndarray | None) -> Tensor:
+    """``t`` (..., S, D) with the key rows that every query has blocked set to 0.
+
+    A blocked key has weight exactly 0, but ``0 * nan`` is NaN: without this a
+    NaN or inf in a padded key or value would leak into the output and the
+    gradients (PyTorch's attention lets it leak). ``blocked`` broadcasts to
+    (..., L, S), True = blocked.
+    """
+    if blocked is None:
+        return t
+    b = np.asarray(blocked)
+    col = (b if b.ndim >= 2 else b[None]).all(axis=-2)[..., None]
+    return where(col, 0.0, t) if col.any() else t

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from everyo import functional as F
+from everyo.attention_ops import hide_blocked_keys
 from everyo.errors import EveryODTypeError, EveryOShapeError
 from everyo.nn.linear import Linear
 from everyo.nn.module import Module, as_input
@@ -180,21 +181,23 @@ class MultiHeadAttention(Module):
                 f"the batch size, and key and value the length"
             )
         q, k, v = (self._heads(t) for t in self._project(query, key, value))
-        scores = F.matmul(q * (1.0 / math.sqrt(self.head_dim)), F.transpose(k, (0, 1, 3, 2)))
-
         shape = (batch, self.num_heads, lq, lk)
-        blocked = None
+        blocked, added = None, []
         for mask, what, ranks in ((key_padding_mask, "key_padding_mask", (2,)), (attn_mask, "attn_mask", (2, 3, 4))):
             if mask is None:
                 continue
             block, add = self._mask(mask, shape, what, ranks)
             if add is not None:
-                scores = scores + Tensor(add.astype(scores.data.dtype, copy=False))
+                added.append(Tensor(add.astype(q.data.dtype, copy=False)))
             if block is not None:
                 blocked = block if blocked is None else blocked | block
         if is_causal:
             causal = causal_mask(lq, lk)
             blocked = causal if blocked is None else blocked | causal
+        k, v = hide_blocked_keys(k, blocked), hide_blocked_keys(v, blocked)  # no NaN from padded keys
+        scores = F.matmul(q * (1.0 / math.sqrt(self.head_dim)), F.transpose(k, (0, 1, 3, 2)))
+        for add in added:
+            scores = scores + add
         weights = F.softmax(scores, axis=-1, blocked=blocked)
         attended = F.dropout(weights, self.dropout, self.training, self.generator) if self.dropout else weights
         context = F.matmul(attended, v)  # (batch, heads, lq, head_dim)
