@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from everyo.dispatch import get_tracer
 from everyo.errors import EveryODTypeError, EveryOShapeError
 from everyo.functional import _t, add, dropout, matmul, mul, softmax, transpose, where
 from everyo.random import generator_for
@@ -54,7 +55,9 @@ def scaled_dot_product_attention(
 
     Returns:
         (..., L, Ev). A query whose keys are all blocked gets zero weights and
-        a zero output (PyTorch gives NaN there).
+        a zero output (PyTorch gives NaN there). A NaN or inf in a key or
+        value that a boolean mask blocks for every query does not leak into
+        the output or the gradients (in PyTorch it does).
 
     Examples:
         >>> q = k = v = eo.randn(2, 4, 5, 8, seed=0)
@@ -118,9 +121,10 @@ def hide_blocked_keys(t: Tensor, blocked: np.ndarray | None) -> Tensor:
     A blocked key has weight exactly 0, but ``0 * nan`` is NaN: without this a
     NaN or inf in a padded key or value would leak into the output and the
     gradients (PyTorch's attention lets it leak). ``blocked`` broadcasts to
-    (..., L, S), True = blocked.
+    (..., L, S), True = blocked. Not while an exporter traces: the mask may be a
+    graph input there, and the exported graph (as ONNX's Attention) lets it leak.
     """
-    if blocked is None:
+    if blocked is None or get_tracer() is not None:
         return t
     b = np.asarray(blocked)
     col = (b if b.ndim >= 2 else b[None]).all(axis=-2)[..., None]

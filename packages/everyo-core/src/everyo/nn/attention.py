@@ -64,7 +64,10 @@ class MultiHeadAttention(Module):
     ``attn_mask`` is (query_len, key_len), (batch, query_len, key_len) or
     (batch, num_heads, query_len, key_len); ``is_causal=True`` adds
     :func:`causal_mask`. A query whose keys are all blocked gets all-zero
-    weights and a zero context (the output is then ``b_o``), never NaN.
+    weights and a zero context (the output is then ``b_o``), never NaN. A NaN
+    or inf in a key or value that a boolean mask blocks for every query (e.g.
+    padding) does not reach the output or the input gradients (PyTorch's
+    lets it leak; an exported graph does too).
 
     Shape:
         query (batch, query_len, embed_dim), key and value (batch, key_len,
