@@ -49,6 +49,9 @@ def test_batch_one_runs_in_a_one_thread_session_unless_threads_is_given():
     np.testing.assert_allclose(y.data, _eval_forward(model, images(1, seed=4)), rtol=0, atol=1e-5)
     fast(images(1))
     assert fast._single is single  # reused
+    as_float64 = images(1, seed=4).astype(np.float64)  # cast to the graph's float32 (not the one-array shortcut)
+    np.testing.assert_allclose(fast(as_float64).data, y.data, rtol=0, atol=0)
+    np.testing.assert_allclose(fast(eo.tensor(images(1, seed=4))).data, y.data, rtol=0, atol=0)
     fast.recompile()
     assert fast._single is None
     pinned = eo.onnx.compile(model, images(2), threads=2)

@@ -181,6 +181,8 @@ class CompiledModel:
         self._in_spec = keep["input_spec"] or {"tuple": [nesting.LEAF]}
         self._flat_args = self._in_spec == {"tuple": [nesting.LEAF] * len(inputs)}
         self._out_spec = keep["trace"].output_spec
+        # One plain input (most models): calls skip the general nesting and casting steps.
+        self._solo = self._input_names[0] if self._flat_args and len(inputs) == 1 and not self.guards else None
 
     def _fall_back(self, why):
         self.session, self.fallback_reason = None, why
@@ -217,11 +219,25 @@ class CompiledModel:
     def _feeds(self, leaves):
         return {name: as_feed(x, want) for name, want, x in zip(self._input_names, self._dtypes, leaves)}
 
+    def _solo_feeds(self, args):
+        """``{name: array}`` for a one-input model called with one array or
+        Tensor already of the input's dtype, else None (the general path)."""
+        if len(args) != 1:
+            return None
+        a = args[0]
+        array = a._data if type(a) is Tensor else a
+        if type(array) is not np.ndarray or array.dtype is not self._dtypes[0]:
+            return None
+        return {self._solo: array}
+
     def _session_for(self, feeds):
         """The session for these inputs: the one-thread session at batch 1
         when ``threads`` was not given (see the module's notes)."""
-        if self._threads is not None or any(a.ndim == 0 or a.shape[0] != 1 for a in feeds.values()):
+        if self._threads is not None:
             return self.session
+        for a in feeds.values():
+            if a.shape[:1] != (1,):
+                return self.session
         single = self._single
         if single is None:
             with self._lock:
@@ -272,9 +288,11 @@ class CompiledModel:
         if self.session is None:
             return _eager(self.model, args)
         self._check_weights()
-        feeds = self._feeds(self._leaves(args))
-        if self.guards:
-            self._check_guards(feeds)
+        feeds = self._solo_feeds(args) if self._solo is not None else None
+        if feeds is None:
+            feeds = self._feeds(self._leaves(args))
+            if self.guards:
+                self._check_guards(feeds)
         outputs = self._session_for(feeds).run(self._output_names, feeds)
         if not self._verified:
             with self._lock:
