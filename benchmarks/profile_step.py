@@ -27,7 +27,8 @@ symbol:
 For EveryO a second process runs the same steps under cProfile for per-step counts:
 ops dispatched, graph nodes, BLAS products, and the fixed CPU cost of one op forward +
 backward on a 1-element tensor (so ``python + dispatch`` can be read as ops x cost).
-Without perf the script prints only that part.
+Without perf the script prints only that part; without torch under ``--torch-python``
+(default: this interpreter) it profiles EveryO alone and says so.
 """
 
 import argparse
@@ -363,11 +364,18 @@ def main():
     print("threads:", ", ".join(f"{k}={v}" for k, v in threads.items()), "(torch follows OMP_NUM_THREADS)")
     if not has_perf:
         print("perf is not installed: printing EveryO's op counts only (apt-get install linux-perf)")
+    frameworks = args.framework.split(",")
+    if (
+        "torch" in frameworks
+        and subprocess.run([args.torch_python, "-c", "import torch"], capture_output=True).returncode
+    ):
+        print(f"torch is not importable from {args.torch_python}: EveryO only (pass --torch-python PATH)")
+        frameworks.remove("torch")
     for workload in args.workload.split(","):
         counts = everyo_counts(workload, STEPS[workload])
         results = {}
         if has_perf:
-            for fw in args.framework.split(","):
+            for fw in frameworks:
                 python = args.torch_python if fw == "torch" else sys.executable
                 if fw == "everyo" and args.kernels:
                     for k in ("0", "1"):
@@ -380,7 +388,7 @@ def main():
             table(workload, results, counts)
         else:
             print(workload, json.dumps(counts))
-        if not args.no_ops and workload in OPS:
+        if not args.no_ops and workload in OPS and "torch" in frameworks:
             op_table(workload, args.torch_python)
     return 0
 
