@@ -127,5 +127,5 @@ def hide_blocked_keys(t: Tensor, blocked: np.ndarray | None) -> Tensor:
     if blocked is None or get_tracer() is not None:
         return t
     b = np.asarray(blocked)
-    col = (b if b.ndim >= 2 else b[None]).all(axis=-2)[..., None]
+    col = np.asarray((b if b.ndim >= 2 else b[None]).all(axis=-2))[..., None]
     return where(col, 0.0, t) if col.any() else t
