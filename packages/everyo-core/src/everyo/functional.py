@@ -222,7 +222,9 @@ def _mm(x, y):
     if x.ndim == 2 and y.ndim == 2 and x.shape[1] == 1:
         # An outer product (e.g. the backward of a 1-unit output layer): a
         # broadcast multiply is exact (one product per element) and ~3x
-        # faster than BLAS for this shape.
+        # faster than BLAS for this shape. Into a recycled buffer, as below.
+        if x.dtype == y.dtype and x.dtype.kind == "f":
+            return np.multiply(x, y, out=_buffers.empty((x.shape[0], y.shape[1]), x.dtype))
         return x * y
     if x.dtype == y.dtype and x.ndim == y.ndim >= 2 and x.shape[:-2] == y.shape[:-2] and x.dtype.kind == "f":
         # Into a recycled buffer (see everyo._buffers): the same BLAS call, the same bits.
@@ -542,10 +544,11 @@ def relu(a: TensorLike) -> Tensor:
 
     # not (out <= 0), rather than out > 0: at a NaN input the gradient passes
     # (NaN stays NaN downstream), as in PyTorch, instead of being cut to 0.
+    # out is max(a, 0): never below 0, so not (out <= 0) is out != 0 (NaN != 0
+    # too, and -0 == 0), one pass instead of a compare and a negation.
     def backward(g):
         if g.dtype == out.dtype and g.shape == out.shape:  # the common case, into recycled buffers
-            live = np.less_equal(out, 0, out=_buffers.empty(out.shape, np.bool_))
-            np.logical_not(live, out=live)
+            live = np.not_equal(out, 0, out=_buffers.empty(out.shape, np.bool_))
             return (np.multiply(g, live, out=_buffers.empty(g.shape, g.dtype)),)
         return (g * ~(out <= 0),)
 
