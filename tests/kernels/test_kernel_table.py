@@ -15,6 +15,8 @@ EXPECTED = {
     "lstm_gates_in",
     "lstm_gates_out",
     "lstm_cell_backward",
+    "add_bias",
+    "relu_backward",
 }
 
 

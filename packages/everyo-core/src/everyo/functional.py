@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from everyo import _blas, _buffers
+from everyo import _blas, _buffers, kernel_table
 from everyo.axes import check_permutation, normalize_axes, normalize_axis
 from everyo.casting import DEFAULT_FLOAT, is_floating, mixed_dtype, scalar_dtype
 from everyo.casting import convert as _convert
@@ -326,7 +326,7 @@ def linear(x: TensorLike, weight: Tensor, bias: Tensor | None = None, transpose_
     else:
         out = _mm(x2, w)
         if bias is not None:
-            out += bias.data
+            _add_bias(out, bias.data)
     out = out.reshape(lead + (w.shape[1],))
 
     def backward(g):
@@ -344,6 +344,21 @@ def linear(x: TensorLike, weight: Tensor, bias: Tensor | None = None, transpose_
 
     parents = (x, weight) if bias is None else (x, weight, bias)
     return Tensor._from_op(out, parents, backward)
+
+
+_COMPILED = (np.dtype(np.float32), np.dtype(np.float64))
+# Below this many elements an op keeps its NumPy pass (and never loads the kernels for it).
+_KERNEL_MIN_SIZE = 16384
+
+
+def _add_bias(out, b):
+    # out += b, through everyo-kernels' one-pass add_bias where it applies (same bits).
+    use = out.size >= _KERNEL_MIN_SIZE and out.dtype == b.dtype and out.dtype in _COMPILED
+    step = kernel_table.get("add_bias") if use else None
+    if step is not None and out.ndim == 2 and out.flags.c_contiguous and b.ndim == 1 and b.flags.c_contiguous:
+        step(out, b)
+    else:
+        out += b
 
 
 def _linear_half(x, weight, bias, transpose_weight):
@@ -548,8 +563,14 @@ def relu(a: TensorLike) -> Tensor:
     # too, and -0 == 0), one pass instead of a compare and a negation.
     def backward(g):
         if g.dtype == out.dtype and g.shape == out.shape:  # the common case, into recycled buffers
+            res = _buffers.empty(g.shape, g.dtype)
+            use = g.size >= _KERNEL_MIN_SIZE and g.dtype in _COMPILED
+            step = kernel_table.get("relu_backward") if use else None
+            if step is not None and g.flags.c_contiguous and out.flags.c_contiguous and res.flags.c_contiguous:
+                step(g.reshape(-1), out.reshape(-1), res.reshape(-1))  # the same bits in one pass
+                return (res,)
             live = np.not_equal(out, 0, out=_buffers.empty(out.shape, np.bool_))
-            return (np.multiply(g, live, out=_buffers.empty(g.shape, g.dtype)),)
+            return (np.multiply(g, live, out=res),)
         return (g * ~(out <= 0),)
 
     return Tensor._from_op(out, (a,), backward)

@@ -1,0 +1,73 @@
+"""The dense-layer kernels (add_bias, relu_backward) against core's NumPy paths:
+bit-identical on random shapes and special values (NaN, +-inf, -0, subnormals),
+float32 and float64, and the gradients through them pass the FD checker."""
+
+import numpy as np
+import pytest
+from conftest import count_calls
+
+import everyo as eo
+from everyo import kernel_table
+from everyo.testing import check_gradients
+
+SPECIALS = [0.0, -0.0, np.nan, -np.nan, np.inf, -np.inf, 1e-45, -1e-45, 3e38, -3e38]
+
+
+def _same_bits(a, b):
+    return a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a.view(np.uint8), b.view(np.uint8))
+
+
+def _values(rng, shape, dtype):
+    x = rng.standard_normal(shape).astype(dtype)
+    flat = x.reshape(-1)
+    picks = rng.integers(0, flat.size, 2 * len(SPECIALS))
+    flat[picks] = np.array(SPECIALS * 2, dtype)
+    return x
+
+
+def _linear_relu_grads(x, w, b, g):
+    xt, wt, bt = eo.tensor(x, requires_grad=True), eo.tensor(w, requires_grad=True), eo.tensor(b, requires_grad=True)
+    out = eo.relu(eo.linear(xt, wt, bt))
+    with np.errstate(all="ignore"):
+        out.backward(eo.tensor(g))
+    return out.data.copy(), xt.grad.copy(), wt.grad.copy(), bt.grad.copy()
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+# None of these shapes takes linear's ones-column path (that one has no bias add).
+@pytest.mark.parametrize("shape", [(4096, 128), (517, 96), (300, 100)])
+def test_linear_relu_matches_numpy_path_bit_for_bit(monkeypatch, dtype, shape):
+    rng = np.random.default_rng(shape[0])
+    m, n = shape
+    x, w = _values(rng, (m, 64), dtype), rng.standard_normal((64, n)).astype(dtype)
+    b, g = _values(rng, (n,), dtype), _values(rng, (m, n), dtype)
+    with kernel_table.disabled(), np.errstate(all="ignore"):
+        want = _linear_relu_grads(x, w, b, g)
+    calls = count_calls(monkeypatch, ("add_bias", "relu_backward"))
+    with np.errstate(all="ignore"):
+        got = _linear_relu_grads(x, w, b, g)
+    assert calls == {"add_bias": 1, "relu_backward": 1}
+    for a, e in zip(got, want):
+        assert _same_bits(a, e)
+
+
+def test_relu_backward_kernel_on_special_pairs():
+    # Every (g, out) pair of special values, out as ReLU gives it (never below 0).
+    fn = kernel_table.get("relu_backward")
+    vals = np.array(SPECIALS, np.float32)
+    g = np.repeat(vals, vals.size)
+    out = np.maximum(np.tile(vals, vals.size), np.float32(0))
+    res = np.empty_like(g)
+    fn(g, out, res)
+    with np.errstate(invalid="ignore"):
+        want = g * ~(out <= 0)
+    assert _same_bits(res, want.astype(np.float32))
+
+
+def test_gradients_through_the_kernels_pass_the_fd_checker(monkeypatch):
+    rng = np.random.default_rng(3)
+    x, w, b = rng.standard_normal((130, 64)), 0.1 * rng.standard_normal((64, 128)), rng.standard_normal(128)
+    assert 130 * 128 >= 16384  # large enough to take the kernels, and 64 -> 128 adds its bias
+    calls = count_calls(monkeypatch, ("add_bias", "relu_backward"))
+    check_gradients(lambda x, w, b: eo.sum(eo.relu(eo.linear(x, w, b)) ** 2), [x, w, b], name="linear+relu")
+    assert calls["add_bias"] > 0 and calls["relu_backward"] > 0
