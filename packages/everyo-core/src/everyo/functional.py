@@ -629,14 +629,22 @@ def softmax(a: TensorLike, axis: int = -1, blocked: TensorLike | None = None) ->
     # Shifting a fully ignored slice by 0 (not by -inf) keeps exp() at 0
     # instead of producing exp(-inf - -inf) = NaN.
     peak = np.where(np.isfinite(peak), peak, 0).astype(data.dtype, copy=False)
-    e = np.exp(data - peak)
+    # One full-size buffer (the masked copy, when there is one, is reused):
+    # shift, exp and divide in place, the same arithmetic as e = exp(data - peak).
+    e = np.subtract(data, peak, out=data if blocked is not None else None)
+    np.exp(e, out=e)
     total = e.sum(axis=axis, keepdims=True)
     # Only an all-ignored slice (total 0) is divided by 1; a NaN or inf total
     # must reach every entry of its slice (PyTorch: a slice holding NaN is NaN).
-    out = e / np.where(total == 0, 1, total).astype(data.dtype, copy=False)
+    out = np.divide(e, np.where(total == 0, 1, total).astype(data.dtype, copy=False), out=e)
 
     def backward(g):
-        return (out * (g - (g * out).sum(axis=axis, keepdims=True)),)
+        # out * (g - sum(g * out)) in one buffer.
+        gx = np.multiply(g, out)
+        dot = gx.sum(axis=axis, keepdims=True)
+        np.subtract(g, dot, out=gx)
+        gx *= out
+        return (gx,)
 
     return Tensor._from_op(out, (a,), backward)
 
@@ -647,10 +655,13 @@ def log_softmax(a: TensorLike, axis: int = -1) -> Tensor:
     a = _t(a)
     axis = normalize_axis(axis, a.data.shape, "log_softmax")
     shifted = a.data - a.data.max(axis=axis, keepdims=True, initial=-np.inf)
-    out = shifted - np.log(np.exp(shifted).sum(axis=axis, keepdims=True))
+    lse = np.log(np.exp(shifted).sum(axis=axis, keepdims=True))
+    out = np.subtract(shifted, lse, out=shifted)
 
     def backward(g):
-        return (g - np.exp(out) * g.sum(axis=axis, keepdims=True),)
+        gx = np.exp(out)
+        gx *= g.sum(axis=axis, keepdims=True)
+        return (np.subtract(g, gx, out=gx),)
 
     return Tensor._from_op(out, (a,), backward)
 

@@ -103,16 +103,16 @@ def normalize(
     batch_stats = mean is None
     if batch_stats:
         mu = xw.mean(axis=axes, keepdims=True)
-        centered = xw - mu
+        y = xw - mu  # centred; becomes the output in place below
         count = int(np.prod([xw.shape[i] for i in axes])) if axes else 1
-        variance = (centered * centered).sum(axis=axes, keepdims=True) / count
-        del centered
+        variance = np.multiply(y, y).sum(axis=axes, keepdims=True) / count
     else:
         if var is None:
             raise ValueError("normalize: give both mean and var, or neither")
         mu, variance = np.asarray(_wide(mean), comp), np.asarray(_wide(var), comp)
+        y = xw - mu
     std = np.sqrt(variance + np.asarray(eps, comp))
-    y = (xw - mu) / std
+    np.divide(y, std, out=y)
     if weight is not None:
         w, b = _wide(weight).astype(comp, copy=False), _wide(bias).astype(comp, copy=False)
         y *= w
@@ -130,21 +130,30 @@ def normalize(
         if gw.dtype != comp:
             gw = gw.astype(comp)
         xs = _wide(x)
-        xhat = (xs.astype(comp, copy=False) - mu) * rstd
+        xhat = np.subtract(xs.astype(comp, copy=False), mu)
+        xhat *= rstd
         gx = gweight = gbias = None
+        scratch = None  # a full-size buffer of ours the input gradient may reuse
         if weight is not None:
             if bias.requires_grad:
                 gbias = _unbroadcast(gw, bias.data.shape)
             if weight.requires_grad:
-                gweight = _unbroadcast(gw * xhat, weight.data.shape)
-            gxhat = gw * _wide(weight).astype(comp, copy=False)
+                scratch = np.multiply(gw, xhat)
+                gweight = _unbroadcast(scratch, weight.data.shape)
+            gxhat = np.multiply(gw, _wide(weight).astype(comp, copy=False))
         else:
             gxhat = gw
         if x.requires_grad:
             if batch_stats:
-                # d/dx of (x - mean(x)) / sqrt(var(x) + eps), var with ddof 0.
-                gx = gxhat - gxhat.mean(axis=axes, keepdims=True)
-                gx -= xhat * (gxhat * xhat).mean(axis=axes, keepdims=True)
+                # d/dx of (x - mean(x)) / sqrt(var(x) + eps), var with ddof 0,
+                # as gx = (gxhat - mean(gxhat) - xhat * mean(gxhat * xhat)) * rstd.
+                prod = np.multiply(gxhat, xhat, out=scratch if scratch is not None and gweight is not scratch else None)
+                m2 = prod.mean(axis=axes, keepdims=True)
+                del prod, scratch
+                m1 = gxhat.mean(axis=axes, keepdims=True)
+                gx = np.subtract(gxhat, m1, out=gxhat if gxhat is not gw else None)
+                xhat *= m2
+                gx -= xhat
                 gx *= rstd
             else:
                 gx = gxhat * rstd
