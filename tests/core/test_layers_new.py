@@ -524,14 +524,15 @@ def test_float16_paths_are_float32_arithmetic_rounded_once(op):
     assert xt.grad.dtype == np.float16 and np.all(np.isfinite(xt.grad))
 
 
-def test_fast_normal_cdf_is_math_erfc_rounded_to_float32_within_one_ulp():
-    # float32/float16 GELU uses a fitted erfc (everyo.activations); float64 uses math.erfc itself.
+def test_fast_normal_cdf_is_math_erfc_rounded_to_float16_within_one_ulp():
+    # float32/float16 GELU uses a float32 fit (everyo.activations; its float32 bound is
+    # tested in test_gelu_float32.py); float64 uses math.erfc itself.
     from everyo.activations import _normal_cdf
 
     x = np.concatenate([np.linspace(-16, 16, 100001), np.geomspace(1e-30, 16, 2000), -np.geomspace(1e-30, 16, 2000)])
     x32 = x.astype(np.float32)
     exact = np.array([0.5 * math.erfc(-float(v) / math.sqrt(2)) for v in x32])
-    for dtype in (np.float32, np.float16):
+    for dtype in (np.float16,):
         xs = x32.astype(dtype)
         ref = np.array([0.5 * math.erfc(-float(v) / math.sqrt(2)) for v in xs]).astype(dtype)
         got = _normal_cdf(xs)
