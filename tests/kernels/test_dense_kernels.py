@@ -71,3 +71,28 @@ def test_gradients_through_the_kernels_pass_the_fd_checker(monkeypatch):
     calls = count_calls(monkeypatch, ("add_bias", "relu_backward"))
     check_gradients(lambda x, w, b: eo.sum(eo.relu(eo.linear(x, w, b)) ** 2), [x, w, b], name="linear+relu")
     assert calls["add_bias"] > 0 and calls["relu_backward"] > 0
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize(("m", "n"), [(4096, 128), (300, 77), (20000, 1)])
+def test_outer_product_matches_numpy_path_bit_for_bit(monkeypatch, dtype, m, n):
+    # A 1-unit output layer's input gradient: (m, 1) @ (1, n), and the matmul op itself.
+    rng = np.random.default_rng(m + n)
+    a, b = _values(rng, (m, 1), dtype), _values(rng, (1, n), dtype)
+
+    def run():
+        x, y = eo.tensor(a, requires_grad=True), eo.tensor(b, requires_grad=True)
+        with np.errstate(all="ignore"):
+            out = eo.matmul(x, y)
+            out.backward(eo.tensor(np.ones((m, n), dtype)))
+        return out.data.copy(), x.grad.copy(), y.grad.copy()
+
+    with kernel_table.disabled():
+        want = run()
+    calls = count_calls(monkeypatch, ("outer_product",))
+    got = run()
+    assert calls["outer_product"] == (2 if n == 1 else 1)  # with n == 1 the backward is one too
+    for g, e in zip(got, want):
+        assert _same_bits(g, e)
+    with np.errstate(all="ignore"):
+        assert _same_bits(got[0], a * b)

@@ -17,6 +17,7 @@ EXPECTED = {
     "lstm_cell_backward",
     "add_bias",
     "relu_backward",
+    "outer_product",
 }
 
 

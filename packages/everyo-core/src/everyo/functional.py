@@ -212,6 +212,12 @@ def pow(a: TensorLike, exponent: TensorLike) -> Tensor:
 
 
 # --- matmul and the fused linear -------------------------------------------
+# The dtypes everyo-kernels' dense kernels are used for (see kernel_table).
+_COMPILED = (np.dtype(np.float32), np.dtype(np.float64))
+# Below this many elements an op keeps its NumPy pass (and never loads the kernels for it).
+_KERNEL_MIN_SIZE = 16384
+
+
 def _mm(x, y):
     # NumPy's float16 matmul is a naive loop with no BLAS (hundreds of times
     # slower; ml_dtypes' bfloat16 one too, and it returns float32). Upcasting
@@ -222,9 +228,16 @@ def _mm(x, y):
     if x.ndim == 2 and y.ndim == 2 and x.shape[1] == 1:
         # An outer product (e.g. the backward of a 1-unit output layer): a
         # broadcast multiply is exact (one product per element) and ~3x
-        # faster than BLAS for this shape. Into a recycled buffer, as below.
+        # faster than BLAS for this shape. Into a recycled buffer, as below;
+        # through everyo-kernels' outer_product (the same products) where it applies.
         if x.dtype == y.dtype and x.dtype.kind == "f":
-            return np.multiply(x, y, out=_buffers.empty((x.shape[0], y.shape[1]), x.dtype))
+            out = _buffers.empty((x.shape[0], y.shape[1]), x.dtype)
+            use = out.size >= _KERNEL_MIN_SIZE and x.dtype in _COMPILED
+            step = kernel_table.get("outer_product") if use else None
+            if step is not None:
+                step(x.reshape(-1), y.reshape(-1), out)
+                return out
+            return np.multiply(x, y, out=out)
         return x * y
     if x.dtype == y.dtype and x.ndim == y.ndim >= 2 and x.shape[:-2] == y.shape[:-2] and x.dtype.kind == "f":
         # Into a recycled buffer (see everyo._buffers): the same BLAS call, the same bits.
@@ -344,11 +357,6 @@ def linear(x: TensorLike, weight: Tensor, bias: Tensor | None = None, transpose_
 
     parents = (x, weight) if bias is None else (x, weight, bias)
     return Tensor._from_op(out, parents, backward)
-
-
-_COMPILED = (np.dtype(np.float32), np.dtype(np.float64))
-# Below this many elements an op keeps its NumPy pass (and never loads the kernels for it).
-_KERNEL_MIN_SIZE = 16384
 
 
 def _add_bias(out, b):

@@ -9,8 +9,13 @@
   multiply that converts it; measured on (4096, 128) float32: 330 us in NumPy,
   220 us here.
 
-Both are **bit-identical** to the NumPy path: one IEEE add or one IEEE multiply
-by 1.0 or 0.0 per element, in the same precision (a multiply by 0.0 keeps
+- :func:`outer_product`: ``out = a[:, None] * b[None, :]``, the (m, 1) @ (1, n)
+  product (the backward of a 1-unit output layer). NumPy's broadcast multiply
+  calls its inner loop once per row; measured at (4096, 1) x (1, 128) float32:
+  252 us in NumPy, 55 us here.
+
+All three are **bit-identical** to the NumPy path: one IEEE add or one IEEE multiply
+by 1.0 or 0.0 (or one product) per element, in the same precision (a multiply by 0.0 keeps
 NumPy's signed zero, and inf or NaN times 0.0 is NaN as there).
 """
 
@@ -18,7 +23,7 @@ from __future__ import annotations
 
 from everyo.kernels._jit import kernel
 
-__all__ = ["add_bias", "relu_backward"]
+__all__ = ["add_bias", "relu_backward", "outer_product"]
 
 
 @kernel
@@ -36,3 +41,12 @@ def relu_backward(g, out, res):
     one, zero = g.dtype.type(1), g.dtype.type(0)
     for n in range(g.size):
         res[n] = g[n] * (one if out[n] != 0 else zero)
+
+
+@kernel
+def outer_product(a, b, out):
+    """``out[i, j] = a[i] * b[j]``; ``a`` (m,), ``b`` (n,), ``out`` C-contiguous (m, n)."""
+    for i in range(a.size):
+        ai = a[i]
+        for j in range(b.size):
+            out[i, j] = ai * b[j]
