@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from everyo import _blas, kernel_table
+from everyo import _blas, _buffers, kernel_table
 from everyo.dispatch import primitive
 from everyo.sequence_ops import multi_output
 
@@ -54,6 +54,9 @@ __all__ = ["rnn_scan", "lstm_scan", "gru_scan"]
 
 
 _COMPILED_TYPES = (np.float32, np.float64)  # what everyo-kernels' LSTM kernels take
+# Every per-sequence array (saved states and gates, gradients, outputs) comes from the
+# recycled pool: a buffer is reused only once nothing (graph, Tensor, view) refers to it.
+_empty = _buffers.empty
 
 
 def _compiled_gates(dt):
@@ -86,13 +89,18 @@ def _order(steps, reverse):
 
 def _previous(seq, first, reverse):
     """The state *before* each step, time-major: seq shifted by one, ``first`` at the start."""
+    out = _empty(seq.shape, seq.dtype)
     if reverse:
-        return np.concatenate([seq[1:], first[None]], axis=0)
-    return np.concatenate([first[None], seq[:-1]], axis=0)
+        out[:-1], out[-1] = seq[1:], first
+    else:
+        out[0], out[1:] = first, seq[:-1]
+    return out
 
 
 def _batch_first(seq):
-    return np.ascontiguousarray(seq.transpose(1, 0, 2))
+    out = _empty((seq.shape[1], seq.shape[0]) + seq.shape[2:], seq.dtype)
+    np.copyto(out, seq.transpose(1, 0, 2))
+    return out
 
 
 def _dtype(*arrays):
@@ -114,10 +122,8 @@ def _ended_rows(lengths, batch, steps):
 
 def _outputs(hs, lengths, ended):
     """The (B, T, H) outputs: the states, zero past each row's length."""
-    if ended is None:
-        return _batch_first(hs)
-    out = np.array(hs.transpose(1, 0, 2), order="C")  # always a copy: hs is still needed
-    out[np.arange(hs.shape[0])[None, :] >= np.asarray(lengths)[:, None]] = 0
+    out = _batch_first(hs)  # always a copy: hs is still needed
+    _zero_padding(out, lengths, ended)
     return out
 
 
@@ -145,7 +151,7 @@ def rnn_scan(
     x, w = xp.data, w_hh.data
     dt = _dtype(x, h0.data, w)
     batch, steps, hidden = x.shape
-    hs = np.empty((steps, batch, hidden), dtype=dt)
+    hs = _empty((steps, batch, hidden), dt)
     h = h0.data.astype(dt, copy=False)
     relu = nonlinearity == "relu"
     ended = _ended_rows(lengths, batch, steps)
@@ -162,7 +168,7 @@ def rnn_scan(
 
     def backward(grads):
         g_seq, g_last = grads
-        d_pre = np.empty_like(hs)
+        d_pre = _empty(hs.shape, dt)
         dh = np.zeros((batch, hidden), dtype=dt) if g_last is None else np.array(g_last, dtype=dt)
         w_t = np.ascontiguousarray(w.T)  # OpenBLAS is slower with a transposed operand
         for t in _order(steps, not reverse):
@@ -237,12 +243,12 @@ def lstm_scan(
     x4 = x.reshape(batch, steps, 4, H)
     # Activated gates, kept for backward, gate-major within a step: every gate is one
     # contiguous (B, H) block (NumPy runs several times slower on row-strided slices).
-    acts = np.empty((steps, 4, batch, H), dtype=dt)
-    cs = np.empty((steps, batch, H), dtype=dt)
-    tanh_cs = np.empty_like(cs)
+    acts = _empty((steps, 4, batch, H), dt)
+    cs = _empty((steps, batch, H), dt)
+    tanh_cs = _empty((steps, batch, H), dt)
     # The state before each step, batch-major: each step writes its h there directly,
     # so W_hh's gradient is one product with no copy, and the outputs one block copy.
-    prev = np.empty((batch, steps, H), dtype=dt)
+    prev = _empty((batch, steps, H), dt)
     first, last, ahead = (steps - 1, 0, -1) if reverse else (0, steps - 1, 1)
     h = prev[:, first]
     h[...] = h0.data
@@ -290,7 +296,7 @@ def lstm_scan(
         h = mul(o, tc, h_last if t == last else prev[:, t + ahead])
         if rows is not None:
             h[rows], c[rows] = h_kept, c_kept
-    out = np.empty((batch, steps, H), dtype=dt)
+    out = _empty((batch, steps, H), dt)
     if reverse:
         out[:, 1:], out[:, 0] = prev[:, :-1], h_last
     else:
@@ -300,7 +306,7 @@ def lstm_scan(
     def backward(grads):
         g_seq, g_h, g_c = grads
         # Batch-major, so the input projection's backward reshapes it without a copy.
-        d_acts = np.empty((batch, steps, 4, H), dtype=dt)
+        d_acts = _empty((batch, steps, 4, H), dt)
         dh = np.zeros((batch, H), dtype=dt) if g_h is None else np.array(g_h, dtype=dt)
         dc = np.zeros((batch, H), dtype=dt) if g_c is None else np.array(g_c, dtype=dt)
         w4_t = np.ascontiguousarray(w4.transpose(0, 2, 1))  # each gate's block transposed
@@ -360,10 +366,10 @@ def gru_scan(
     dt = _dtype(x, h0.data, w, b)
     batch, steps, three_h = x.shape
     H = three_h // 3
-    rz = np.empty((steps, 2, batch, H), dtype=dt)  # r and z, gate-major: contiguous (B, H) blocks
-    ns = np.empty((steps, batch, H), dtype=dt)
-    hns = np.empty_like(ns)  # h_{t-1} @ W_hn + b_hn, which r multiplies
-    hs = np.empty_like(ns)
+    rz = _empty((steps, 2, batch, H), dt)  # r and z, gate-major: contiguous (B, H) blocks
+    ns = _empty((steps, batch, H), dt)
+    hns = _empty(ns.shape, dt)  # h_{t-1} @ W_hn + b_hn, which r multiplies
+    hs = _empty(ns.shape, dt)
     h = h0.data.astype(dt, copy=False)
     x3 = x.reshape(batch, steps, 3, H)
     w3 = _gate_blocks(w, 3, dt)  # (3, H, H): h @ w3 writes each gate's own contiguous block
@@ -391,8 +397,8 @@ def gru_scan(
     def backward(grads):
         g_seq, g_last = grads
         # Batch-major, so the input projection's backward reshapes them without a copy.
-        d_x = np.empty((batch, steps, 3, H), dtype=dt)
-        d_hp = np.empty_like(d_x)
+        d_x = _empty((batch, steps, 3, H), dt)
+        d_hp = _empty(d_x.shape, dt)
         dh = np.zeros((batch, H), dtype=dt) if g_last is None else np.array(g_last, dtype=dt)
         h_first = h0.data.astype(dt, copy=False)
         w3_t = np.ascontiguousarray(w3.transpose(0, 2, 1))  # each gate's block transposed
@@ -441,7 +447,7 @@ def gru_scan(
             dh += carried
             if rows is not None:
                 dh[rows] = dh_kept
-        prev = np.empty((batch, steps, H), dtype=dt)  # the state before each step, batch-major
+        prev = _empty((batch, steps, H), dt)  # the state before each step, batch-major
         if reverse:
             prev[:, -1] = h_first
             prev[:, :-1] = hs[1:].transpose(1, 0, 2)
