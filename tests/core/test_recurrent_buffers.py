@@ -20,7 +20,9 @@ LENGTHS = {"lstm-reverse-padded": np.array([STEPS] * (BATCH - 2) + [7, 31])}
 
 
 def _input(seed):
-    return eo.tensor(np.random.default_rng(seed).standard_normal((BATCH, STEPS, FEATURES)).astype(np.float32), requires_grad=True)
+    return eo.tensor(
+        np.random.default_rng(seed).standard_normal((BATCH, STEPS, FEATURES)).astype(np.float32), requires_grad=True
+    )
 
 
 def _run(layer, x, lengths):
