@@ -75,24 +75,62 @@ def _window_reduce(win, ufunc):
     return out
 
 
-def _scatter_windows(grad_win, padded_shape, kernel, stride, out_hw, dtype, dilation=(1, 1), channels_last=False):
+def _tap_span(offset, stride, out_n, pad, size):
+    """Where one kernel offset's window entries land in the unpadded input.
+
+    Output position ``o`` reads padded index ``offset + stride * o``, i.e.
+    input index ``offset + stride * o - pad``. Returns ``(lo, hi, start)``:
+    the outputs ``lo <= o < hi`` land inside ``[0, size)``, the first at ``start``.
+    """
+    lo = max(0, -((offset - pad) // stride))
+    hi = min(out_n, (size - 1 + pad - offset) // stride + 1)
+    return lo, hi, offset + stride * lo - pad
+
+
+def _scatter_windows(
+    grad_win, padded_shape, kernel, stride, out_hw, dtype, dilation=(1, 1), channels_last=False, pads=((0, 0), (0, 0))
+):
     """Adjoint of :func:`_windows` (of :func:`_patches` with ``channels_last``):
-    add window gradients back into the padded input."""
+    add window gradients back into the input, cropped by ``pads``.
+
+    Taps are added straight into the unpadded input gradient (no padded
+    buffer, no cropping copy); a tap that covers the whole input (the centre
+    of a stride-1 'same' kernel) initialises it instead of a zero fill.
+    """
     if is_low_precision(as_dtype(dtype)):
         # NumPy's float16 adds convert every element (~40x slower than
         # float32): accumulate in float32 and round once at the end.
         grad_win = _up(grad_win)
         return _down(
-            _scatter_windows(grad_win, padded_shape, kernel, stride, out_hw, np.float32, dilation, channels_last)
+            _scatter_windows(grad_win, padded_shape, kernel, stride, out_hw, np.float32, dilation, channels_last, pads)
         )
-    gxp = np.zeros(padded_shape, dtype=dtype)
+    (t, b), (l, r) = pads
+    n, h, w, c = padded_shape[0], padded_shape[1] - t - b, padded_shape[2] - l - r, padded_shape[3]
     (oh, ow), (sh, sw), (dh, dw) = out_hw, stride, dilation
+    taps = []
     for i in range(kernel[0]):
+        ylo, yhi, y0 = _tap_span(i * dh, sh, oh, t, h)
         for j in range(kernel[1]):
-            r, c = i * dh, j * dw
-            tap = grad_win[:, :, :, i, j, :] if channels_last else grad_win[..., i, j]
-            gxp[:, r : r + sh * (oh - 1) + 1 : sh, c : c + sw * (ow - 1) + 1 : sw, :] += tap
-    return gxp
+            xlo, xhi, x0 = _tap_span(j * dw, sw, ow, l, w)
+            if yhi > ylo and xhi > xlo:
+                tap = grad_win[:, :, :, i, j, :] if channels_last else grad_win[..., i, j]
+                dest = (
+                    slice(None),
+                    slice(y0, y0 + sh * (yhi - ylo - 1) + 1, sh),
+                    slice(x0, x0 + sw * (xhi - xlo - 1) + 1, sw),
+                )
+                taps.append(
+                    (dest, tap[:, ylo:yhi, xlo:xhi], (yhi - ylo) * sh >= h and (xhi - xlo) * sw >= w and sh == sw == 1)
+                )
+    full = next((k for k, tap in enumerate(taps) if tap[2]), None)
+    if full is None:
+        gx = np.zeros((n, h, w, c), dtype=dtype)
+    else:
+        gx = np.empty((n, h, w, c), dtype=dtype)
+        gx[...] = taps.pop(full)[1]
+    for dest, tap, _ in taps:
+        gx[dest] += tap
+    return gx
 
 
 def _crop(gxp, pads):
@@ -277,7 +315,7 @@ def _conv2d(x, weight, bias, geometry, groups, half):
             gcols = _times_weight_t(g2, w_mat, groups)
             gcols = gcols.reshape((n, oh, ow, kh, kw, cin) if groups == 1 else (n, oh, ow, cin, kh, kw))
             acc = np.float32 if half else gcols.dtype
-            gx = _crop(_scatter_windows(gcols, xp.shape, kernel, stride, (oh, ow), acc, dilation, groups == 1), pads)
+            gx = _scatter_windows(gcols, xp.shape, kernel, stride, (oh, ow), acc, dilation, groups == 1, pads)
             gx = _rounded(gx, xd.dtype) if half else gx
         if weight.requires_grad:
             gw = _weight_grad(columns() if half else cols, g2, groups, w.shape)
@@ -420,8 +458,9 @@ def max_pool2d(
                 else:
                     np.multiply(g, hit, out=grad_win[..., i, j])
         if not disjoint:
-            gxp = _scatter_windows(grad_win, xp.shape, kernel, stride, (oh, ow), g.dtype)
-        gx = _crop(gxp, pads)
+            gx = _scatter_windows(grad_win, xp.shape, kernel, stride, (oh, ow), g.dtype, pads=pads)
+        else:
+            gx = _crop(gxp, pads)
         if not half:
             return (gx,)
         if disjoint:
@@ -480,7 +519,7 @@ def avg_pool2d(
     def backward(g):
         share = (_up(g) if half else g) / count
         grad_win = np.broadcast_to(share[..., None, None], share.shape + kernel)
-        gx = _crop(_scatter_windows(grad_win, padded_shape, kernel, stride, (oh, ow), share.dtype), pads)
+        gx = _scatter_windows(grad_win, padded_shape, kernel, stride, (oh, ow), share.dtype, pads=pads)
         return (_rounded(gx, xd.dtype) if half else gx,)
 
     return Tensor._from_op(_down(out, xd.dtype) if half else out.astype(xd.dtype, copy=False), (x,), backward)
