@@ -91,6 +91,41 @@ def test_weights_changed_after_compiling_raise_until_recompile():
     np.testing.assert_allclose(fast(x).data, _eval_forward(model, x), rtol=0, atol=1e-5)
 
 
+def _replacements(model):
+    """Every route that swaps a weight of ``model`` (Linear, ReLU, Linear, BatchNorm1D) for another."""
+    zeros = np.zeros((4, 2), np.float32)
+    return {
+        "attribute": lambda: setattr(model[2], "weight", eo.Parameter(zeros)),
+        "register_parameter": lambda: model[2].register_parameter("weight", eo.Parameter(zeros)),
+        "parameter set to None": lambda: setattr(model[2], "bias", None),
+        "buffer attribute": lambda: setattr(model[3], "running_mean", eo.tensor(np.ones(2, np.float32))),
+        "register_buffer": lambda: model[3].register_buffer("running_var", np.full(2, 4.0, np.float32)),
+        "submodule": lambda: model.register_module("2", eo.Linear(4, 2, seed=7)),
+        "load_state_dict": lambda: model.load_state_dict({k: np.asarray(v) + 1 for k, v in model.state_dict().items()}),
+        "in place": lambda: _shift(model[0].weight),
+    }
+
+
+def _shift(weight):
+    weight.data -= 1.0
+
+
+@pytest.mark.parametrize("route", list(_replacements(None)))
+def test_every_way_of_replacing_a_weight_is_caught_between_calls(route):
+    model = eo.Sequential(eo.Linear(3, 4, seed=0), eo.ReLU(), eo.Linear(4, 2, seed=1), eo.BatchNorm1D(2)).eval()
+    x = np.random.default_rng(0).standard_normal((5, 3)).astype(np.float32)
+    fast = eo.onnx.compile(model, x)
+    fast(x)
+    fast(x)  # a second call takes the fast path (no counter moved)
+    eo.Linear(2, 2)  # a new module elsewhere moves core's registry clock: still no change to this model's weights
+    fast(x)
+    _replacements(model)[route]()
+    with pytest.raises(EveryOWeightsChangedError, match="recompile"):
+        fast(x)
+    fast.recompile()
+    np.testing.assert_allclose(fast(x).data, _eval_forward(model, x), rtol=0, atol=1e-5)
+
+
 class DataDependent(eo.Module):
     def forward(self, x):
         return x * 2 if float(x.sum()) > 0 else x - 1  # data-dependent control flow: no graph can follow

@@ -10,6 +10,7 @@ then its forward hooks.
 
 from __future__ import annotations
 
+import itertools
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any, overload
 
@@ -56,6 +57,18 @@ def key_problems(
     return problems
 
 
+# Moves whenever any Module's parameters, buffers or submodules may have been registered,
+# replaced or removed (every attribute assignment and register_* call), so a reader that
+# caches a model's tensors (eo.onnx.compile) can tell in one comparison that none was.
+_registry_clock = itertools.count(1)
+registry_version = 0
+
+
+def _moved_registry() -> None:
+    global registry_version
+    registry_version = next(_registry_clock)
+
+
 class Module:
     """Base class of every layer and model.
 
@@ -91,6 +104,7 @@ class Module:
 
     # --- registration -------------------------------------------------------
     def __setattr__(self, name: str, value: Any) -> None:
+        _moved_registry()
         if "_parameters" not in self.__dict__:
             raise RuntimeError(
                 f"{type(self).__name__}.__init__ must call super().__init__() before assigning attributes"
@@ -138,6 +152,7 @@ class Module:
 
     def register_parameter(self, name: str, param: Parameter | None) -> None:
         """Register ``param`` (a :class:`Parameter`, or None for an absent one) as ``name``."""
+        _moved_registry()
         self._check_new_name(name, "register_parameter")
         if param is not None and not isinstance(param, Parameter):
             raise TypeError(
@@ -151,6 +166,7 @@ class Module:
 
     def register_module(self, name: str, module: Module | None) -> None:
         """Register ``module`` (a :class:`Module`, or None) as the submodule ``name``."""
+        _moved_registry()
         self._check_new_name(name, "register_module")
         if module is not None and not isinstance(module, Module):
             raise TypeError(
@@ -181,6 +197,7 @@ class Module:
 
     def register_buffer(self, name: str, value: TensorLike | None) -> None:
         """Register non-trainable state (e.g. running statistics) saved in state_dict."""
+        _moved_registry()
         value = value if isinstance(value, Tensor) or value is None else Tensor(value)
         object.__setattr__(self, name, value)
         self._buffers[name] = value
