@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import everyo as eo
+from everyo.normalization_ops import normalize
 from everyo.recurrent_ops import gru_scan, lstm_scan, rnn_scan
 from everyo.sequence_ops import EveryOIndexError, embedding, split
 from everyo.testing import check_gradients
@@ -132,3 +133,54 @@ def test_lstm_scan_only_final_cell_state_used():
     h0, c0 = eo.tensor(rand(B, H, seed=1)), eo.tensor(rand(B, H, seed=2))
     w = eo.tensor(rand(H, 4 * H, seed=3), requires_grad=True)
     check_gradients(lambda xp, w: lstm_scan(xp, h0, c0, w)[2], [xp.data, w.data], name="lstm_scan c_last")
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+@pytest.mark.parametrize("mask_dtype", [bool, np.int64])
+def test_masked_softmax_broadcast_causal_mask_matches_float64_reference(dtype, mask_dtype):
+    # A causal (L, S) mask broadcast over (B, H, L, S) scores, as attention passes it;
+    # a non-boolean mask is read by truth value. The input is left untouched.
+    x = (rand(2, 3, 5, 5, seed=4) * 4).astype(dtype)
+    before = x.copy()
+    blocked = np.triu(np.ones((5, 5)), k=1).astype(mask_dtype)
+    y = eo.softmax(eo.tensor(x), blocked=blocked).data
+    assert y.dtype == dtype
+    ref = np.where(blocked.astype(bool), -np.inf, x.astype(np.float64))
+    ref = np.exp(ref - ref.max(axis=-1, keepdims=True))
+    ref /= ref.sum(axis=-1, keepdims=True)
+    tol = 2e-3 if dtype == np.float16 else 1e-6
+    np.testing.assert_allclose(y, ref, rtol=tol, atol=tol)
+    np.testing.assert_array_equal(y[..., blocked.astype(bool)], 0)
+    np.testing.assert_array_equal(x, before)
+
+
+@pytest.mark.parametrize(
+    "op",
+    [
+        lambda x: eo.softmax(x),
+        lambda x: eo.softmax(x, blocked=np.eye(4, 6, dtype=bool)),
+        lambda x: eo.log_softmax(x),
+        lambda x: normalize(x, axis=-1),
+        lambda x: normalize(x, eo.tensor(rand(6, seed=7)), eo.tensor(rand(6, seed=8)), axis=-1),
+    ],
+)
+def test_softmax_log_softmax_normalize_backward_leave_upstream_gradient_alone(op):
+    # Their backwards work in place in buffers of their own, never in the
+    # gradient they are given (the graph may hand the same array to others).
+    x = eo.tensor(rand(3, 4, 6, seed=5), requires_grad=True)
+    g = rand(3, 4, 6, seed=6)
+    before = g.copy()
+    op(x).backward(g, retain_graph=True)
+    np.testing.assert_array_equal(g, before)
+    first = np.array(x.grad.data if isinstance(x.grad, eo.Tensor) else x.grad)
+    x.grad = None
+    op(x).backward(g)
+    np.testing.assert_array_equal(x.grad.data if isinstance(x.grad, eo.Tensor) else x.grad, first)
+
+
+def test_softmax_log_softmax_normalize_together_gradient():
+    # Central differences through the three in-place backwards on one input.
+    def f(x):
+        return eo.softmax(x) + eo.log_softmax(x) + normalize(x, axis=-1)
+
+    check_gradients(f, [rand(3, 4, 6, seed=5)], name="softmax+log_softmax+normalize")

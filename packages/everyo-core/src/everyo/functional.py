@@ -621,6 +621,18 @@ def _relu_half(a):
     return Tensor._from_op(out, (a,), backward)
 
 
+def _hide(data: np.ndarray, blocked: TensorLike) -> np.ndarray:
+    """A copy of ``data`` with the ``blocked`` entries set to -inf (what
+    ``np.where(blocked, -inf, data)`` gives; a copy and a masked fill is the
+    faster of the two where the mask broadcasts to ``data``)."""
+    mask = blocked.data if isinstance(blocked, Tensor) else np.asarray(blocked)
+    if mask.dtype != np.bool_ or np.broadcast_shapes(mask.shape, data.shape) != data.shape:
+        return np.where(mask, -np.inf, data)
+    out = data.copy()
+    np.copyto(out, -np.inf, where=mask)
+    return out
+
+
 @primitive("softmax", FLOAT32, kind="reduction", inputs=("a", "blocked"))
 def softmax(a: TensorLike, axis: int = -1, blocked: TensorLike | None = None) -> Tensor:
     """Numerically stable softmax (the maximum is subtracted first).
@@ -632,7 +644,7 @@ def softmax(a: TensorLike, axis: int = -1, blocked: TensorLike | None = None) ->
     """
     a = _t(a)
     axis = normalize_axis(axis, a.data.shape, "softmax")
-    data = a.data if blocked is None else np.where(blocked, -np.inf, a.data)
+    data = a.data if blocked is None else _hide(a.data, blocked)
     peak = data.max(axis=axis, keepdims=True, initial=-np.inf)  # initial: an empty axis is no error
     # Shifting a fully ignored slice by 0 (not by -inf) keeps exp() at 0
     # instead of producing exp(-inf - -inf) = NaN.
