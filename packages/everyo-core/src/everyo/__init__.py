@@ -27,6 +27,7 @@ from everyo import composites as _composites  # noqa: E402
 from everyo import elementwise as _elementwise  # noqa: E402
 from everyo import functional as _functional  # noqa: E402
 from everyo import indexing as _indexing  # noqa: E402
+from everyo import low_precision as _low_precision  # noqa: E402,F401  (binds dispatch's 16-bit route)
 from everyo import reductions as _reductions  # noqa: E402
 from everyo import shape_ops as _shape_ops  # noqa: E402
 from everyo import sorting as _sorting  # noqa: E402

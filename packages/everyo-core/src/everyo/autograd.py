@@ -510,14 +510,14 @@ def grad(
         >>> dx
         array([2., 4.], dtype=float32)
     """
-    from everyo.tensor import Tensor
+    tensor_type = dispatch._tensor_type()  # tensor.py binds it (it imports this module)
 
-    outputs = [outputs] if isinstance(outputs, Tensor) else list(outputs)
-    inputs = [inputs] if isinstance(inputs, Tensor) else list(inputs)
+    outputs = [outputs] if isinstance(outputs, tensor_type) else list(outputs)  # type: ignore[arg-type]  # a sequence
+    inputs = [inputs] if isinstance(inputs, tensor_type) else list(inputs)  # type: ignore[arg-type]  # a sequence
     given: list[Any]
     if grad_outputs is None:
         given = [None] * len(outputs)
-    elif isinstance(grad_outputs, (Tensor, np.ndarray)):
+    elif isinstance(grad_outputs, (tensor_type, np.ndarray)):
         given = [grad_outputs]
     else:
         given = list(grad_outputs)  # type: ignore[arg-type]  # a sequence of gradients
@@ -525,7 +525,7 @@ def grad(
     if len(grad_outputs) != len(outputs):
         raise ValueError(f"grad: {len(outputs)} outputs but {len(grad_outputs)} grad_outputs")
     for i, t in enumerate(inputs):
-        if not isinstance(t, Tensor) or not t.requires_grad:
+        if not isinstance(t, tensor_type) or not t.requires_grad:
             raise ValueError(f"grad: input {i} does not require grad, so it has no gradient")
     seeds = [_seed(o, g) for o, g in zip(outputs, grad_outputs)]
     found = _run(outputs, seeds, retain_graph, capture={id(t): i for i, t in enumerate(inputs)})
@@ -637,3 +637,10 @@ def _compare_snapshot(node):
                 f"copy (seen by eo.autograd.detect_inplace_writes). Change values only between backward() and "
                 f"the next forward pass, or change a copy."
             )
+
+
+def _recording_snapshots() -> bool:
+    return snapshots is not None
+
+
+dispatch.bind_snapshot_check(_recording_snapshots)

@@ -134,14 +134,41 @@ _READS_NO_OPERAND = frozenset(
 # copy is rebuilt for backward only when another operand needs a gradient (for
 # ``0.5 * x`` it is not: x's gradient is ``0.5 * g``).
 _READS_OTHER_OPERAND = frozenset({"mul"})
-_low_precision = None  # everyo.low_precision, bound on first use (it imports Tensor)
 
 _policy: ContextVar[Any] = ContextVar("everyo_precision_policy", default=None)
 _tracer: ContextVar[Any] = ContextVar("everyo_tracer", default=None)
 _depth: ContextVar[int] = ContextVar("everyo_primitive_depth", default=0)  # only maintained while tracing
 
 OPS: dict[str, OpDef] = {}
-_Tensor = None  # everyo.tensor.Tensor, bound on first use (tensor.py imports this module)
+# What the floors above hand down. This module imports none of them (they
+# import it): each binds its piece here when it is imported, and
+# ``import everyo`` imports them all before any op runs (tests/core/test_ground_floor.py
+# asserts the ground floor's imports).
+_Tensor: Any = None  # everyo.tensor.Tensor: tensor.py binds it
+_float32_route: Any = None  # (low_precision_operands, call_in_float32): everyo.low_precision binds it
+_snapshots_on: Any = None  # () -> bool, "detect_inplace_writes is recording": everyo.autograd binds it
+
+
+def bind_tensor(cls: type) -> None:
+    """Called once by :mod:`everyo.tensor`: the Tensor class that op outputs
+    and wrapped operands are made of."""
+    global _Tensor
+    _Tensor = cls
+
+
+def bind_float32_route(needs_route: Callable[..., bool], call: Callable[..., Any]) -> None:
+    """Called once by :mod:`everyo.low_precision`: how ops of the
+    ``FLOAT32_COMPUTE_KINDS`` run on float16/bfloat16 operands (compute in
+    float32, round once)."""
+    global _float32_route
+    _float32_route = (needs_route, call)
+
+
+def bind_snapshot_check(recording: Callable[[], bool]) -> None:
+    """Called once by :mod:`everyo.autograd`: whether
+    ``detect_inplace_writes`` is recording input snapshots."""
+    global _snapshots_on
+    _snapshots_on = recording
 
 
 # --- the precision policy ---------------------------------------------------------
@@ -361,13 +388,11 @@ def _in_float32(op):
     recompute = op.name in _RECOMPUTED
 
     def run(*args, **kwargs):
-        global _low_precision
-        if _low_precision is None:
-            from everyo import low_precision as _low_precision
-        if _low_precision.low_precision_operands(slots, args, kwargs):
-            return _low_precision.call_in_float32(
-                forward, slots, args, kwargs, reads_operands, passes_gradient, recompute
-            )
+        route = _float32_route
+        if route is None:
+            raise RuntimeError("everyo.low_precision is not imported: import everyo before running an op")
+        if route[0](slots, args, kwargs):
+            return route[1](forward, slots, args, kwargs, reads_operands, passes_gradient, recompute)
         return forward(*args, **kwargs)
 
     return run
@@ -379,9 +404,7 @@ def _drop_cast_copies(args, kwargs, cast_args, cast_kwargs, out):
     nothing but the graph's bookkeeping, which only reads their dtype and
     shape. Swap their arrays for zero-byte placeholders so the graph does not
     keep a float32 copy of the activations alive until backward."""
-    from everyo import autograd
-
-    if autograd.snapshots is not None:
+    if _snapshots_on is not None and _snapshots_on():
         return  # detect_inplace_writes compares every input with its snapshot: keep them
     Tensor = _tensor_type()
     outs = out if isinstance(out, (list, tuple)) else (out,)
@@ -399,13 +422,8 @@ def _drop_cast_copies(args, kwargs, cast_args, cast_kwargs, out):
             cast._data = np.broadcast_to(np.zeros((), cast._data.dtype), cast._data.shape)
 
 
-def _tensor_type():
-    global _Tensor
-    if _Tensor is None:
-        from everyo.tensor import Tensor
-
-        _Tensor = Tensor
-    return _Tensor
+def _tensor_type() -> type[Tensor]:
+    return _Tensor  # bound by tensor.py
 
 
 def _is_python_scalar(v):

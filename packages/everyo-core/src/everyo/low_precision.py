@@ -33,7 +33,7 @@ Examples:
 
 import numpy as np
 
-from everyo import autograd
+from everyo import autograd, dispatch
 from everyo.half import Rounded, _down, _rounded, _up, is_low_precision
 from everyo.tensor import Tensor
 
@@ -251,3 +251,6 @@ def _wrap_backward(out, twins, stubs, target, reads_operands):
     backward.__module__ = getattr(inner, "__module__", backward.__module__)
     out._backward = backward
     return out
+
+
+dispatch.bind_float32_route(low_precision_operands, call_in_float32)

@@ -488,3 +488,6 @@ def randn(
 def arange(*args: float, dtype: DType | None = None) -> Tensor:
     """``np.arange(*args, dtype=dtype)`` as a Tensor (no gradient)."""
     return Tensor(np.arange(*args, dtype=dtype))
+
+
+dispatch.bind_tensor(Tensor)
