@@ -65,6 +65,9 @@ def test_the_check_catches_a_pool_that_ignores_references(kind, monkeypatch):
     _buffers.clear()
 
 
+SAVED = {"lstm": (STEPS, 4, BATCH, HIDDEN), "gru": (STEPS, 2, BATCH, HIDDEN), "rnn": (STEPS, BATCH, HIDDEN)}
+
+
 @pytest.mark.parametrize("kind", ["lstm", "gru", "rnn"])
 def test_a_training_step_reuses_its_sequence_buffers(kind):
     # Once a step's graph is gone, the next step of the same shapes allocates no new
@@ -81,3 +84,5 @@ def test_a_training_step_reuses_its_sequence_buffers(kind):
     before = _buffers.stats()["arrays"]
     step(2)
     assert _buffers.stats()["arrays"] == before
+    # and the scan's saved gates (or states) are among the pooled arrays
+    assert (SAVED[kind], np.dtype(np.float32)) in _buffers._pool().arrays
