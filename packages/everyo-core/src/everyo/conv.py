@@ -36,7 +36,12 @@ def _pad(x, pads, value=0.0):
     if t == b == l == r == 0:
         return x
     n, h, w, c = x.shape
-    out = np.full((n, h + t + b, w + l + r, c), value, dtype=x.dtype)
+    # Only the border is filled: a full fill would write the interior twice.
+    out = np.empty((n, h + t + b, w + l + r, c), dtype=x.dtype)
+    out[:, :t] = value
+    out[:, t + h :] = value
+    out[:, t : t + h, :l] = value
+    out[:, t : t + h, l + w :] = value
     out[:, t : t + h, l : l + w, :] = x
     return out
 
@@ -433,7 +438,9 @@ def max_pool2d(
         if disjoint:
             # Windows do not overlap: each offset's gradient goes straight to
             # its own input positions (no window-gradient array, no scatter).
-            gxp = np.zeros(xp.shape, dtype=g.dtype)
+            # Windows that tile the input write every cell below: no zero fill.
+            tiled = stride == kernel and oh * stride[0] == xp.shape[1] and ow * stride[1] == xp.shape[2]
+            gxp = (np.empty if tiled else np.zeros)(xp.shape, dtype=g.dtype)
         else:
             grad_win = np.zeros(win.shape, dtype=g.dtype)
         taken = np.zeros(best.shape, dtype=bool)
