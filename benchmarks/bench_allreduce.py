@@ -15,8 +15,10 @@ shortcut with identical bits (one float32 add, see ``reduce_in_rank_order``);
 the mean column shows the general float64 path.
 
 A second table (skip it with ``--no-backends``) times the other process
-groups at 2 ranks: EveryO's TCP group with PyTorch's gloo taking turns in the
-same two processes (gloo only when torch is importable), and EveryO's MPI
+groups at 2 ranks: EveryO's TCP group and PyTorch's gloo, each in its own
+pair of fresh processes, alternating A B A B for at least 3 rounds with the ratio
+of the medians (issue 24's rule, ``harness.alternate_processes``; gloo only when
+torch is importable here or ``--torch-python`` names an interpreter that has it), and EveryO's MPI
 group beside raw mpi4py under ``mpiexec -n 2``. Its ``socket floor`` column is
 what any two-rank TCP all-reduce must at least spend: one loopback TCP
 connection between the two processes carrying the same bytes a ring
@@ -228,36 +230,19 @@ def _exchange(sock, payload, received):
     sender.join()
 
 
-def tcp_worker(group, sizes, with_gloo):
-    """EveryO's TCP group, and PyTorch's gloo on the same two processes when torch is installed.
+def tcp_worker(group, sizes):
+    """EveryO's TCP group (the shared-memory group only carries the ports), and the socket floor beside it.
 
-    The shared-memory group only carries the ports. TCP and gloo take turns,
-    repetition by repetition, so both see the same machine state; gloo sums
-    float32 in place, EveryO returns a new array reduced in float64.
+    TCP and the floor take turns, repetition by repetition, so both see the same
+    machine state; EveryO returns a new array reduced in float64.
     """
-    import socket
-
     from everyo.distributed_tcp import TCPRendezvousServer, init_tcp_process_group
 
     server = TCPRendezvousServer(port=0, world_size=group.world_size) if group.rank == 0 else None
-    gloo_port = 0
-    if group.rank == 0 and with_gloo:
-        with socket.socket() as probe:  # a free port for gloo's own rendezvous store
-            probe.bind(("127.0.0.1", 0))
-            gloo_port = probe.getsockname()[1]
-    ports = group.broadcast(np.array([server.port if server else 0, gloo_port]), root=0)
+    port = group.broadcast(np.array([server.port if server else 0]), root=0)
     floor_sock = _socket_pair(group)
-    dist = None
     try:
-        with init_tcp_process_group("127.0.0.1", int(ports[0]), group.rank, group.world_size) as tcp:
-            if with_gloo:
-                import torch
-                import torch.distributed as dist
-
-                torch.set_num_threads(1)
-                dist.init_process_group(
-                    "gloo", init_method=f"tcp://127.0.0.1:{int(ports[1])}", rank=group.rank, world_size=group.world_size
-                )
+        with init_tcp_process_group("127.0.0.1", int(port[0]), group.rank, group.world_size) as tcp:
             out = {}
             for size in sizes:
                 x = np.full(size, group.rank + 1, np.float32)
@@ -265,48 +250,89 @@ def tcp_worker(group, sizes, with_gloo):
                 calls = {"tcp": lambda: tcp.all_reduce_sum(x), "mean": lambda: tcp.all_reduce_mean(x)}
                 if size >= FLOOR_FROM:  # below, starting the sending thread costs more than the bytes
                     calls["floor"] = lambda: _exchange(floor_sock, payload, received)
-                barriers = {"tcp": tcp.barrier, "mean": tcp.barrier, "floor": tcp.barrier}
-                if dist is not None:
-                    t = torch.from_numpy(x.copy())
-                    calls["gloo"], barriers["gloo"] = (lambda: dist.all_reduce(t)), dist.barrier
                 times = {name: [] for name in calls}
                 for _ in range(REPEATS):
                     for name, call in calls.items():
-                        times[name].append(time_loop(call, size, barriers[name], repeats=1))
-                out[size] = statistics.median(times["tcp"])
-                out["mean", size] = statistics.median(times["mean"])
+                        times[name].append(time_loop(call, size, tcp.barrier, repeats=1))
+                out[f"tcp {size}"] = statistics.median(times["tcp"])
+                out[f"mean {size}"] = statistics.median(times["mean"])
                 if "floor" in times:
-                    out["floor", size] = statistics.median(times["floor"])
-                    out["over floor", size] = statistics.median(a / b for a, b in zip(times["tcp"], times["floor"]))
-                if dist is not None:
-                    out["gloo", size] = statistics.median(times["gloo"])
-                    out["ratio", size] = statistics.median(a / b for a, b in zip(times["tcp"], times["gloo"]))
+                    out[f"floor {size}"] = statistics.median(times["floor"])
+                    out[f"over floor {size}"] = statistics.median(a / b for a, b in zip(times["tcp"], times["floor"]))
     finally:
         floor_sock.close()
-        if dist is not None and dist.is_initialized():
-            dist.destroy_process_group()
         if server is not None:
             server.close()
     return out
 
 
-def backends_table(rounds, sizes):
-    """EveryO's TCP group (beside gloo when torch is importable) and EveryO's MPI group (beside raw mpi4py)."""
+def tcp_round(sizes):
+    """One process's worth of the EveryO side: two spawned ranks on the TCP group; prints JSON."""
     from everyo.distributed import spawn
 
+    print(json.dumps(spawn(tcp_worker, 2, args=(sizes,))[0]))
+
+
+def gloo_worker(rank, port, sizes):
+    """One rank of PyTorch's gloo all-reduce, in a process of its own (no EveryO imported); rank 0 prints JSON."""
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    try:
+        out = {}
+        for size in sizes:
+            t = torch.full((size,), float(rank + 1), dtype=torch.float32)
+            out[f"gloo {size}"] = time_loop(lambda: dist.all_reduce(t), size, dist.barrier)
+    finally:
+        dist.destroy_process_group()
+    if rank == 0:
+        print(json.dumps(out))
+
+
+def gloo_round(sizes):
+    """One round of the PyTorch side: two fresh gloo processes; relays rank 0's JSON."""
+    import socket
+
+    with socket.socket() as probe:  # a free port for gloo's own rendezvous store
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    argv = [sys.executable, __file__, "--gloo-worker", "--port", str(port), "--sizes", *map(str, sizes), "--rank"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    procs = [subprocess.Popen([*argv, str(rank)], stdout=subprocess.PIPE, text=True, env=env) for rank in (0, 1)]
+    outs = [proc.communicate(timeout=600)[0] for proc in procs]
+    if any(proc.returncode for proc in procs):
+        raise RuntimeError(f"gloo workers exited {[proc.returncode for proc in procs]}")
+    print(outs[0].strip().splitlines()[-1])
+
+
+def torch_python_or_none(torch_python):
+    """The interpreter that runs the gloo side: ``--torch-python``, else this one if torch imports, else None."""
+    if torch_python:
+        return torch_python
     try:
         import torch  # noqa: F401
-
-        have_torch = True
     except ImportError:
-        have_torch = False
+        return None
+    return sys.executable
+
+
+def backends_table(rounds, sizes, torch_python=None):
+    """EveryO's TCP group and PyTorch's gloo, each in its own processes, alternating; EveryO's MPI group."""
+    sys.path.insert(0, str(HERE))
+    from harness import alternate_processes, median_ratio, ratio_of_medians
+
+    torch_python = torch_python_or_none(torch_python)
+    sizes_argv = [str(s) for s in sizes]
+    commands = {"tcp": [sys.executable, __file__, "--tcp-round", "--sizes", *sizes_argv]}
+    env = {"tcp": {"OMP_NUM_THREADS": "1"}}
+    if torch_python:
+        commands["gloo"] = [torch_python, __file__, "--gloo-round", "--sizes", *sizes_argv]
+        env["gloo"] = {"OMP_NUM_THREADS": "1", "PYTHONPATH": ""}  # the gloo side imports no EveryO
+    runs = alternate_processes(commands, rounds=max(3, rounds), env=env)
     mpiexec = mpiexec_if_available()
-    runs = {"tcp": [], "mpi": []}
-    for r in range(rounds):
-        runs["tcp"].append(spawn(tcp_worker, 2, args=(sizes, have_torch))[0])
-        if mpiexec:
-            runs["mpi"].append(mpi_round(mpiexec, sizes, everyo_group=True))
-        print(f"  round {r + 1}/{rounds} done", file=sys.stderr, flush=True)
+    runs["mpi"] = [mpi_round(mpiexec, sizes, everyo_group=True) for _ in range(rounds)] if mpiexec else []
 
     def med(name, key):
         return statistics.median(run[key] for run in runs[name])
@@ -328,19 +354,25 @@ def backends_table(rounds, sizes):
     ]
     rows = []
     for size in sizes:
-        row = [f"{size:.0e}", fmt_time(med("tcp", size)), fmt_time(med("tcp", ("mean", size)))]
+        row = [f"{size:.0e}", fmt_time(med("tcp", f"tcp {size}")), fmt_time(med("tcp", f"mean {size}"))]
         if size >= FLOOR_FROM:
-            row += [fmt_time(med("tcp", ("floor", size))), f"{med('tcp', ('over floor', size)):.2f}x"]
+            row += [fmt_time(med("tcp", f"floor {size}")), f"{med('tcp', f'over floor {size}'):.2f}x"]
         else:
             row += ["-", "-"]
-        tcp_vs_gloo = med("tcp", ("ratio", size)) if have_torch else None
-        row += ["-", "-"] if tcp_vs_gloo is None else [fmt_time(med("tcp", ("gloo", size))), f"{tcp_vs_gloo:.2f}x"]
+        tcp_vs_gloo = None
+        if "gloo" in runs:
+            tcp_vs_gloo = ratio_of_medians(
+                [run[f"tcp {size}"] for run in runs["tcp"]], [run[f"gloo {size}"] for run in runs["gloo"]]
+            )
+            row += [fmt_time(med("gloo", f"gloo {size}")), f"{tcp_vs_gloo:.2f}x"]
+        else:
+            row += ["-", "-"]
         if size >= 10**6:
             row += ["<= 0.5x gloo", "-" if tcp_vs_gloo is None else str(tcp_vs_gloo <= 0.5)]
         else:
             row += ["-", "-"]
         if runs["mpi"]:
-            ratio = statistics.median(run[f"group {size}"] / run[size] for run in runs["mpi"])
+            ratio = median_ratio([run[f"group {size}"] for run in runs["mpi"]], [run[size] for run in runs["mpi"]])
             row += [
                 fmt_time(med("mpi", f"group {size}")),
                 fmt_time(med("mpi", f"group mean {size}")),
@@ -351,13 +383,15 @@ def backends_table(rounds, sizes):
             row += ["-"] * 4
         rows.append(row)
     notes = [
-        "TCP and gloo run in the same two processes, taking turns; the ratio is the median of the "
-        "per-turn ratios. TCP and the MPI group reduce in float64 and return a new array; gloo and "
-        "raw mpi4py sum float32 in place (into a preallocated buffer). socket floor: the array's bytes "
-        "both ways at once over one plain loopback connection, what a ring all-reduce moves per rank."
+        f"TCP and gloo each run in their own pair of fresh processes, alternating (TCP gloo TCP gloo ..., "
+        f"{max(3, rounds)} rounds); TCP / gloo is the ratio of the medians. TCP and the MPI group reduce in "
+        "float64 and return a new array; gloo and raw mpi4py sum float32 in place (into a preallocated "
+        "buffer). socket floor: the array's bytes both ways at once over one plain loopback connection, what "
+        "a ring all-reduce moves per rank, timed in turns with TCP in the same processes. The MPI group and "
+        "raw mpi4py share their mpiexec processes (the group is built on mpi4py)."
     ]
-    if not have_torch:
-        notes.append("torch is not installed, so there is no gloo column (pip install torch to compare).")
+    if not torch_python:
+        notes.append("torch is not importable and no --torch-python was given, so there is no gloo column.")
     if not mpiexec:
         notes.append("mpi4py or mpiexec not found: no MPI columns (pip install everyo-distributed[mpi]).")
     return headers, rows, notes
@@ -397,12 +431,24 @@ def main():
     parser.add_argument("--sizes", type=float, nargs="+", default=SIZES)
     parser.add_argument("--training", action="store_true", help="also time the spec's training, 1 vs 2 workers")
     parser.add_argument("--no-backends", action="store_true", help="skip the TCP / gloo / MPI-group table")
+    parser.add_argument("--torch-python", help="interpreter with torch for the gloo side (default: this one)")
     parser.add_argument("--mpi-worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--tcp-round", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--gloo-round", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--gloo-worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--rank", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--everyo-group", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes]
     if args.mpi_worker:
         return mpi_worker(sizes, args.everyo_group)
+    if args.tcp_round:
+        return tcp_round(sizes)
+    if args.gloo_round:
+        return gloo_round(sizes)
+    if args.gloo_worker:
+        return gloo_worker(args.rank, args.port, sizes)
 
     sys.path.insert(0, str(HERE))
     from harness import blas_info, machine_info, print_table
@@ -416,7 +462,7 @@ def main():
     headers, rows = allreduce_table(args.rounds, sizes)
     print_table(f"all_reduce_sum of float32 at 2 ranks (median of {args.rounds} interleaved rounds)", headers, rows)
     if not args.no_backends:
-        headers, rows, notes = backends_table(args.rounds, sizes)
+        headers, rows, notes = backends_table(args.rounds, sizes, args.torch_python)
         print_table(
             f"other process groups at 2 ranks, float32 (median of {args.rounds} interleaved rounds)", headers, rows
         )
