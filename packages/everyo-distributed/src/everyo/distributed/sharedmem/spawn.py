@@ -44,6 +44,9 @@ DEFAULT_STALL_TIMEOUT = 600.0  # as long as PyTorch's NCCL watchdog waits by def
 _STALL_CHECK_SECONDS = 0.25  # how often the parent looks at the barrier counters
 _GRACE_SECONDS = 1.0  # after a failure: how long the other ranks get to stop on their own
 _EXIT_SECONDS = 10.0  # after success: how long the ranks get to exit before being terminated
+_STACK_SIGNAL = signal.SIGUSR1  # asks a stuck rank for its Python stacks (as the TCP launcher does)
+_STACK_END = b"\n--everyo-stack-end--\n"
+_STACK_SECONDS = 5.0  # at most this long for a stuck rank's stacks before it is stopped anyway
 _TIMEOUT_HINT = "If spawn times out: " + HINT[0].lower() + HINT[1:]
 
 
@@ -172,22 +175,27 @@ class _Spares:
 
     def __init__(self, worker, args, world_size, env):
         context = multiprocessing.get_context("spawn")
-        self.processes, self.pipes, self.gos = [], [], []
+        self.processes, self.pipes, self.gos, self.stacks = [], [], [], []
         with _ENVIRONMENT_LOCK, _environment(env):
             for _ in range(world_size):
                 reader, writer = context.Pipe(duplex=False)
                 go_reader, go_writer = context.Pipe(duplex=False)
+                stack_reader, stack_writer = context.Pipe(duplex=False)
                 process = context.Process(
-                    target=_standby_main, args=(worker, args, go_reader, writer, os.getpid()), name="everyo-spare"
+                    target=_standby_main,
+                    args=(worker, args, go_reader, writer, stack_writer, os.getpid()),
+                    name="everyo-spare",
                 )
                 try:
                     process.start()
                 finally:
                     writer.close()
                     go_reader.close()
+                    stack_writer.close()
                 self.processes.append(process)
                 self.pipes.append(reader)
                 self.gos.append(go_writer)
+                self.stacks.append(stack_reader)
 
     def go(self, world_size, control_name):
         """Hand every spare its rank; returns (processes, result pipes) as a fresh start would."""
@@ -198,7 +206,7 @@ class _Spares:
                 pass  # it died while waiting: spawn sees its exit like any other rank's
             go.close()
         self.gos = []
-        return self.processes, self.pipes
+        return self.processes, self.pipes, self.stacks
 
     def close(self):
         """Unused spares: tell them to exit, then stop whatever is left."""
@@ -211,11 +219,11 @@ class _Spares:
         _stop(self.processes)
         for process in self.processes:
             process.close()
-        for pipe in self.pipes:
+        for pipe in self.pipes + self.stacks:
             pipe.close()
 
 
-def _standby_main(worker, args, go, pipe, parent_pid):
+def _standby_main(worker, args, go, pipe, stack, parent_pid):
     """A spare's entry point: wait (imported) for ``(rank, world_size, control_name)``, then be that rank."""
     _die_with_parent(parent_pid)
     import everyo.distributed.ddp  # noqa: F401 - what a training worker needs anyway, loaded while waiting
@@ -228,9 +236,10 @@ def _standby_main(worker, args, go, pipe, parent_pid):
     go.close()
     if message is None:
         pipe.close()
+        stack.close()
         return
     rank, world_size, control_name = message
-    _worker_main(worker, args, rank, world_size, control_name, pipe, parent_pid)
+    _worker_main(worker, args, rank, world_size, control_name, pipe, stack, parent_pid)
 
 
 def _exhausted(failures: list[EveryODistributedError], max_restarts: int) -> EveryODistributedError:
@@ -250,18 +259,20 @@ def _spawn_once(
     control_name = new_segment_name("everyo")
     control = ControlBlock.create(control_name, world_size)
     context = multiprocessing.get_context("spawn")
-    processes, pipes = [], []
+    processes, pipes, stacks = [], [], []
     try:
         with _termination_raises():
             if spares is not None:
-                processes, pipes = spares.go(world_size, control_name)
+                processes, pipes, stacks = spares.go(world_size, control_name)
             with _ENVIRONMENT_LOCK, _environment(updates):
                 for rank in range(len(processes), world_size):
                     reader, writer = context.Pipe(duplex=False)
+                    stack_reader, stack_writer = context.Pipe(duplex=False)
                     pipes.append(reader)
+                    stacks.append(stack_reader)
                     process = context.Process(
                         target=_worker_main,
-                        args=(worker, args, rank, world_size, control_name, writer, os.getpid()),
+                        args=(worker, args, rank, world_size, control_name, writer, stack_writer, os.getpid()),
                         name=f"everyo-rank-{rank}",
                     )
                     try:
@@ -274,10 +285,11 @@ def _spawn_once(
                         ) from exc
                     finally:
                         writer.close()
+                        stack_writer.close()
                     processes.append(process)
             if start_spares is not None:
                 started.append(start_spares())
-            results = _supervise(processes, pipes, control, timeout, stall_timeout)
+            results = _supervise(processes, pipes, control, timeout, stall_timeout, stacks)
             # Every rank has sent its result; let them exit on their own (flushing their
             # output) rather than be terminated in the middle of it.
             _join_all(processes, _EXIT_SECONDS)
@@ -286,7 +298,7 @@ def _spawn_once(
         _stop(processes)
         for process in processes:
             process.close()  # its sentinel fd: a retained exception must not keep it open
-        for pipe in pipes:
+        for pipe in pipes + stacks:
             pipe.close()
         generation, _ = control.data_segment()
         control.close()
@@ -363,9 +375,29 @@ def _die_with_parent(parent_pid):
         os._exit(1)
 
 
-def _worker_main(worker, args, rank, world_size, control_name, pipe, parent_pid):
+def _listen_for_stack_requests(stack):
+    """On ``_STACK_SIGNAL``, write this process's Python stacks (every thread) to the ``stack`` pipe.
+
+    faulthandler writes from the signal handler itself, so a rank stuck in C code answers too; the
+    handler it chains to (Python's) then writes ``_STACK_END`` once the main thread runs Python again,
+    which tells spawn the dump is complete.
+    """
+    import faulthandler
+
+    def end(signum, frame):
+        try:
+            os.write(stack.fileno(), _STACK_END)
+        except OSError:
+            pass
+
+    signal.signal(_STACK_SIGNAL, end)
+    faulthandler.register(_STACK_SIGNAL, file=stack.fileno(), all_threads=True, chain=True)
+
+
+def _worker_main(worker, args, rank, world_size, control_name, pipe, stack, parent_pid):
     """Entry point of each spawned process."""
     _die_with_parent(parent_pid)
+    _listen_for_stack_requests(stack)
     group = None
     try:
         group = SharedMemoryGroup(control_name, rank, world_size)
@@ -396,7 +428,33 @@ def _worker_main(worker, args, rank, world_size, control_name, pipe, parent_pid)
         pipe.close()
 
 
-def _supervise(processes, pipes, control, timeout, stall_timeout=None):
+def _stack_of(process, stack):
+    """Ask a stuck rank for its Python stacks (``_listen_for_stack_requests``) and return them.
+
+    Diagnostics on the way to an error: waits for the end marker, at most ``_STACK_SECONDS``
+    (a rank stuck in C code writes its stacks but no marker). Returns "" if nothing came.
+    """
+    try:
+        os.kill(process.pid, _STACK_SIGNAL)
+    except OSError:
+        return ""
+    data = b""
+    deadline = time.monotonic() + _STACK_SECONDS
+    while _STACK_END not in data:
+        left = deadline - time.monotonic()
+        if left <= 0 or not stack.poll(left):
+            break
+        try:
+            chunk = os.read(stack.fileno(), 65536)
+        except OSError:
+            break
+        if not chunk:
+            break
+        data += chunk
+    return data.split(_STACK_END)[0].decode("utf-8", "replace").rstrip()
+
+
+def _supervise(processes, pipes, control, timeout, stall_timeout=None, stacks=None):
     world_size = len(processes)
     results = [None] * world_size
     finished = [False] * world_size
@@ -439,7 +497,14 @@ def _supervise(processes, pipes, control, timeout, stall_timeout=None):
         if not failures:
             stalled = watch.check(now)
             if stalled is not None:
-                error = EveryODistributedError(stalled[1])
+                message = stalled[1]
+                if stacks is not None:
+                    dump = _stack_of(processes[stalled[0]], stacks[stalled[0]])
+                    message += (
+                        f"\n\nPython stack of rank {stalled[0]} when spawn stopped it (most recent call first):\n"
+                        + (dump or "(none came: the rank did not answer faulthandler's signal)")
+                    )
+                error = EveryODistributedError(message)
                 error.rank = stalled[0]
                 raise error
         limits = [d for d in (deadline, grace_deadline, watch.next_check) if d is not None]
