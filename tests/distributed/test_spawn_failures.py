@@ -105,7 +105,7 @@ def test_a_rank_stuck_outside_the_collectives_is_named_without_any_timeout():
     assert "rank 1: running, has not reached it (its last collective: none)" in message
     # Its Python stack, asked for by signal before spawn stopped it (the TCP launcher shows it too).
     stack = message.split("Python stack of rank 1 when spawn stopped it (most recent call first):\n")[1]
-    assert 'in hangs_on_rank_1' in stack and "shm_workers.py" in stack
+    assert "in hangs_on_rank_1" in stack and "shm_workers.py" in stack
     assert "--everyo-stack-end--" not in message
 
 

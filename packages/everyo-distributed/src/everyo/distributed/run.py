@@ -40,6 +40,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from everyo.distributed.reaper import Reaper
+
 __all__ = ["main", "Failure"]
 
 _GRACE_SECONDS = 2.0  # after a failure: how long the other workers get to stop on their own
@@ -181,15 +183,18 @@ def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
             p.wait()
 
 
-def start_spares(nproc: int) -> list[subprocess.Popen[bytes]]:
+def start_spares(nproc: int, reaper: Reaper | None = None) -> list[subprocess.Popen[bytes]]:
     """Workers for the next restart, started ahead: each imports NumPy and everyo, then waits on its
     stdin for its environment and command line (``_worker --standby``), so a restart costs no
     interpreter start-up."""
     command = [sys.executable, "-m", "everyo.distributed._worker", "--standby"]
-    return [
+    spares = [
         subprocess.Popen(command, stdin=subprocess.PIPE, preexec_fn=_die_with_parent)  # noqa: PLW1509
         for _ in range(nproc)
     ]
+    for proc in spares:
+        (reaper or Reaper.none()).own_pid(proc.pid)
+    return spares
 
 
 def stop_spares(spares: list[subprocess.Popen[bytes]]) -> None:
@@ -249,8 +254,9 @@ def run_attempt(
         else:
             command = [sys.executable, "-m", "everyo.distributed._worker", *argv]
             procs.append(subprocess.Popen(command, env=env, preexec_fn=_die_with_parent))  # noqa: PLW1509
+            args.reaper.own_pid(procs[-1].pid)
     if next_spares is not None:
-        next_spares.append(start_spares(args.nproc))
+        next_spares.append(start_spares(args.nproc, args.reaper))
     failures: list[Failure] = []
     try:
         _supervise(procs, files, attempt, failures)
@@ -364,6 +370,9 @@ def main(argv: list[str] | None = None) -> int:
     run_id = uuid.uuid4().hex[:12]
     # Elastic snapshots (everyo.distributed.elastic) live in shared memory on this machine; removed at the end.
     args.snapshot_base = f"/everyo_{os.getpid()}_{run_id}_snap"
+    # If this launcher is SIGKILLed, its workers die with it (PR_SET_PDEATHSIG) and the reaper removes the rest.
+    args.reaper = Reaper()
+    args.reaper.own_prefix(args.snapshot_base)
     history: list[Failure] = []
     try:
         return _run_all(args, run_id, history)
@@ -371,11 +380,13 @@ def main(argv: list[str] | None = None) -> int:
         from everyo.distributed.elastic import remove_snapshots
 
         remove_snapshots(args.snapshot_base, args.nproc)
+        args.reaper.close()
 
 
 def _run_all(args: argparse.Namespace, run_id: str, history: list[Failure]) -> int:
     failures: list[Failure] = []
     with tempfile.TemporaryDirectory(prefix="everyo-run-") as workdir:
+        args.reaper.own_dir(workdir)
         spares: list[subprocess.Popen[bytes]] | None = None
         try:
             for attempt in range(args.max_restarts + 1):

@@ -24,6 +24,7 @@ from multiprocessing import connection
 from typing import TYPE_CHECKING, Any, Final
 
 from everyo.distributed.protocol import HINT, is_consequence
+from everyo.distributed.reaper import Reaper
 from everyo.distributed.sharedmem.control import ControlBlock
 from everyo.distributed.sharedmem.group import SharedMemoryGroup, data_segment_name
 from everyo.distributed.sharedmem.segment import new_segment_name, unlink_segment
@@ -129,11 +130,22 @@ def spawn(
     updates, warning = worker_thread_env(world_size)
     if warning:
         warnings.warn(warning, RuntimeWarning, stacklevel=2)
+    reaper = Reaper()  # cleans up even if this process is SIGKILLed (its workers die with it)
+    try:
+        return _spawn_job(
+            worker, world_size, args, timeout, stall_timeout, max_restarts, snapshot_every, updates, reaper
+        )
+    finally:
+        reaper.close()
+
+
+def _spawn_job(worker, world_size, args, timeout, stall_timeout, max_restarts, snapshot_every, updates, reaper):
     if not max_restarts and not snapshot_every:
-        return _spawn_once(worker, world_size, args, timeout, stall_timeout, updates)
+        return _spawn_once(worker, world_size, args, timeout, stall_timeout, updates, reaper=reaper)
     from everyo.distributed import elastic
 
     base = new_segment_name("everyo").lstrip("/") + "_snap"
+    reaper.own_prefix(base)
 
     def env(attempt: int) -> dict[str, str]:
         return {
@@ -152,11 +164,20 @@ def spawn(
             # rank: a restart then costs no interpreter start-up (most of a restart's time under load).
             start_spares = None
             if attempt < max_restarts:
-                start_spares = functools.partial(_Spares, worker, args, world_size, env(attempt + 1))
+                start_spares = functools.partial(_Spares, worker, args, world_size, env(attempt + 1), reaper)
             started: list[_Spares] = []
             try:
                 return _spawn_once(
-                    worker, world_size, args, timeout, stall_timeout, env(attempt), current, start_spares, started
+                    worker,
+                    world_size,
+                    args,
+                    timeout,
+                    stall_timeout,
+                    env(attempt),
+                    current,
+                    start_spares,
+                    started,
+                    reaper,
                 )
             except EveryODistributedError as exc:
                 failures.append(exc)
@@ -173,7 +194,7 @@ class _Spares:
     """``world_size`` processes started ahead of a restart: the interpreter is up and the worker
     unpickled (its module imported); each waits on a pipe for its rank and group (``_standby_main``)."""
 
-    def __init__(self, worker, args, world_size, env):
+    def __init__(self, worker, args, world_size, env, reaper):
         context = multiprocessing.get_context("spawn")
         self.processes, self.pipes, self.gos, self.stacks = [], [], [], []
         with _ENVIRONMENT_LOCK, _environment(env):
@@ -192,6 +213,7 @@ class _Spares:
                     writer.close()
                     go_reader.close()
                     stack_writer.close()
+                reaper.own_pid(process.pid)
                 self.processes.append(process)
                 self.pipes.append(reader)
                 self.gos.append(go_writer)
@@ -254,9 +276,11 @@ def _exhausted(failures: list[EveryODistributedError], max_restarts: int) -> Eve
 
 
 def _spawn_once(
-    worker, world_size, args, timeout, stall_timeout, updates, spares=None, start_spares=None, started=None
+    worker, world_size, args, timeout, stall_timeout, updates, spares=None, start_spares=None, started=None, reaper=None
 ):
     control_name = new_segment_name("everyo")
+    reaper = reaper or Reaper.none()
+    reaper.own_prefix(control_name)  # the control block and rank 0's data segments (control_name + "_d<g>")
     control = ControlBlock.create(control_name, world_size)
     context = multiprocessing.get_context("spawn")
     processes, pipes, stacks = [], [], []
@@ -286,6 +310,7 @@ def _spawn_once(
                     finally:
                         writer.close()
                         stack_writer.close()
+                    reaper.own_pid(process.pid)
                     processes.append(process)
             if start_spares is not None:
                 started.append(start_spares())
