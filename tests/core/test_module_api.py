@@ -258,3 +258,38 @@ def test_assigning_a_tensor_to_a_buffer_name_keeps_it_a_registered_buffer():
     assert "mask" not in m.state_dict()
     m.mask = eo.Parameter(np.ones(2, dtype=np.float32))  # a Parameter becomes a parameter
     assert "mask" in dict(m.named_parameters()) and "mask" not in dict(m.named_buffers())
+
+
+# --- replacing and deleting registered attributes keeps the order (PyTorch) ------------
+def test_replacing_a_sequential_layer_by_setattr_keeps_its_place():
+    seq = eo.Sequential(eo.Linear(4, 6, seed=0), eo.ReLU(), eo.Linear(6, 2, seed=1))
+    setattr(seq, "1", eo.Tanh())  # the middle layer replaced, as torch code does
+    assert list(seq._modules) == ["0", "1", "2"] and isinstance(seq[1], eo.Tanh)
+    first, last = seq[0], seq[2]
+    want = np.tanh(X @ first.weight.data + first.bias.data) @ last.weight.data + last.bias.data
+    np.testing.assert_allclose(seq(X).data, want, rtol=1e-6)
+
+
+def test_replacing_a_parameter_keeps_the_parameter_and_state_dict_order():
+    net = Net()
+    before = [name for name, _ in net.named_parameters()]
+    net.hidden.weight = eo.Parameter(np.zeros((4, 6), np.float32))
+    net.hidden = eo.Linear(4, 6, seed=5)
+    assert [name for name, _ in net.named_parameters()] == before
+    assert list(net.state_dict()) == before
+
+
+def test_deleting_a_submodule_or_parameter_unregisters_it():
+    net = Net()
+    del net.out
+    assert [name for name, _ in net.named_parameters()] == ["hidden.weight", "hidden.bias"]
+    assert "out.weight" not in net.state_dict() and not hasattr(net, "out")
+    del net.hidden.bias
+    assert [name for name, _ in net.named_parameters()] == ["hidden.weight"]
+
+
+def test_a_refused_plain_container_leaves_the_registered_layer_in_place():
+    net = Net()
+    with pytest.raises(TypeError, match="ModuleList"):
+        net.out = [eo.Linear(6, 2)]
+    assert isinstance(net.out, eo.Linear) and "out.weight" in net.state_dict()

@@ -128,15 +128,29 @@ class Module:
         if name in self._generators and isinstance(value, np.random.Generator):
             self.register_generator(name, value)  # a new stream in a registered slot stays saved
             return
-        for registry in (self._parameters, self._buffers, self._modules, self._generators):
-            registry.pop(name, None)
-        if isinstance(value, Parameter):
-            self._parameters[name] = value
-        elif isinstance(value, Module):
-            self._modules[name] = value
-        elif isinstance(value, (list, tuple, dict)):
+        if isinstance(value, (list, tuple, dict)):
             _refuse_plain_container(self, name, value)
+        # Only the other registries lose the name: a Parameter or Module assigned over one of
+        # its own kind keeps its place (PyTorch), so named_parameters(), state_dict() and the
+        # optimizer's parameter order do not silently change when a layer is replaced.
+        home = (
+            self._parameters if isinstance(value, Parameter) else self._modules if isinstance(value, Module) else None
+        )
+        for registry in (self._parameters, self._buffers, self._modules, self._generators):
+            if registry is not home:
+                registry.pop(name, None)
+        if home is not None:
+            home[name] = value
         object.__setattr__(self, name, value)
+
+    def __delattr__(self, name: str) -> None:
+        # ``del model.fc`` unregisters it too (PyTorch); otherwise its parameters would
+        # still be listed, saved and stepped after the attribute is gone.
+        _moved_registry()
+        for registry in (self._parameters, self._buffers, self._modules, self._generators):
+            if name in registry:
+                del registry[name]
+        object.__delattr__(self, name)
 
     def _check_new_name(self, name, what):
         if not isinstance(name, str):
