@@ -46,7 +46,17 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import numpy as np  # noqa: E402
-from harness import alternate_processes, blas_info, cpu_hogs, machine_info, print_table, ratio_of_medians  # noqa: E402
+from harness import (  # noqa: E402
+    QUIET_OTHERS,
+    alternate_processes,
+    blas_info,
+    cpu_hogs,
+    machine_info,
+    other_cpu,
+    print_table,
+    ratio_of_medians,
+    verdict,
+)
 
 WORKLOADS = ("mlp", "cnn", "lstm", "encoder", "gpt")
 STEPS = {"mlp": 60, "cnn": 8, "lstm": 8, "encoder": 8, "gpt": 8}
@@ -292,7 +302,8 @@ def main():
     rows, busy_rows, targets = [], [], []
     for dtype in dtypes:
         for workload in workloads:
-            quiet = compare(args, workload, dtype)
+            with other_cpu() as others:
+                quiet = compare(args, workload, dtype)
             ratio = ratio_of_medians(ms(quiet["everyo"]), ms(quiet["torch"]))
             row = [
                 f"{workload} {dtype}",
@@ -307,14 +318,18 @@ def main():
                 row.append(ratio_of_medians(ms(quiet["everyo"]), ms(tuned)) if tuned else "-")
             rows.append(row)
             target = TARGETS[workload] if dtype == "float32" else AUTOCAST_TARGET
-            targets.append([f"{workload} {dtype}", f"<= {target}", ratio, "met" if ratio <= target else "MISSED"])
+            others_cores = "-" if others.cores is None else others.cores
+            targets.append(
+                [f"{workload} {dtype}", f"<= {target}", ratio, others_cores, verdict(ratio <= target, others)]
+            )
             print(f"  {workload} {dtype}: everyo/torch {ratio:.3g}", flush=True)
             if args.busy:
                 with cpu_hogs(2):
                     busy = compare(args, workload, dtype)
                 eo_growth = ratio_of_medians(ms(busy["everyo"]), ms(quiet["everyo"]))
                 torch_growth = ratio_of_medians(ms(busy["torch"]), ms(quiet["torch"]))
-                verdict = "met" if eo_growth <= 1.1 * torch_growth else "MISSED"
+                # Judged only when the quiet baseline was quiet (the busy run's competition is the hogs).
+                busy_verdict = verdict(eo_growth <= 1.1 * torch_growth, others)
                 busy_rows.append(
                     [
                         f"{workload} {dtype}",
@@ -322,7 +337,7 @@ def main():
                         eo_growth,
                         statistics.median(ms(busy["torch"])),
                         torch_growth,
-                        verdict,
+                        busy_verdict,
                     ]
                 )
     headers = ["workload", "everyo ms", "torch ms", "everyo/torch", "everyo MiB", "torch MiB"]
@@ -330,7 +345,12 @@ def main():
         headers.append("untuned/tuned everyo")
     print()
     print_table("Training step, as a user gets it (median ms per step; peak RSS of the process)", headers, rows)
-    print_table("Targets of issue 24 (EveryO / torch)", ["workload", "target", "reached", "verdict"], targets)
+    print_table(
+        "Targets of issue 24 (EveryO / torch; judged only when other processes used <= "
+        f"{QUIET_OTHERS} cores during the comparison)",
+        ["workload", "target", "reached", "others' cores", "verdict"],
+        targets,
+    )
     if args.busy:
         print_table(
             "Beside two CPU-bound processes (busy / quiet step time, each framework alone)",

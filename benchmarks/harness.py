@@ -14,6 +14,10 @@ Rules every benchmark here follows (issue 24):
 - **Inside one process, only same-framework A/B** (``interleaved``), and every
   timed run starts after ``IDLE_GAP`` seconds of sleep so the previous run's
   spinning threads are asleep.
+- **A verdict needs a quiet machine.** ``other_cpu`` measures how many cores
+  other processes used during a comparison (from ``/proc/stat``, minus this
+  process's and its children's CPU time); above ``QUIET_OTHERS`` a target is
+  printed as "not judged" instead of met/missed.
 
 The 2-core machines this project runs on also flip between a fast and a slow
 state every few seconds, which is why candidates alternate instead of running
@@ -164,6 +168,56 @@ def cpu_hogs(n: int = 2):
             hog.kill()
         for hog in hogs:
             hog.wait()
+
+
+class OtherCPU:
+    """How many cores processes other than this one and its children kept busy (see ``other_cpu``)."""
+
+    cores: float | None = None  # None: not measurable here (no /proc/stat)
+
+
+def _busy_cpu_seconds():
+    try:
+        with open("/proc/stat") as f:
+            fields = f.readline().split()[1:]
+    except OSError:
+        return None
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(v) for v in fields[:8])
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
+def _own_cpu_seconds():
+    import resource
+
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+@contextlib.contextmanager
+def other_cpu():
+    """Measure the block's competition: the machine's busy CPU time minus this process's and
+    its (waited-for) children's, per second of wall time, in ``.cores`` of the yielded object.
+
+    The load average cannot tell this: a benchmark's own processes keep it near the core
+    count. A quiet-machine verdict is only given when the others used little (``QUIET_OTHERS``).
+    """
+    result = OtherCPU()
+    busy0, own0, t0 = _busy_cpu_seconds(), _own_cpu_seconds(), time.perf_counter()
+    yield result
+    busy1, own1, t1 = _busy_cpu_seconds(), _own_cpu_seconds(), time.perf_counter()
+    if busy0 is not None and busy1 is not None and t1 > t0:
+        result.cores = max(0.0, ((busy1 - busy0) - (own1 - own0)) / (t1 - t0))
+
+
+#: Above this many cores used by other processes, a "quiet" comparison is not judged.
+QUIET_OTHERS = 0.15
+
+
+def verdict(met: bool, others: OtherCPU) -> str:
+    """ "met"/"MISSED", or "not judged" when other processes competed for the cores."""
+    if others.cores is not None and others.cores > QUIET_OTHERS:
+        return f"not judged (others used {others.cores:.2f} cores)"
+    return "met" if met else "MISSED"
 
 
 def median_ratio(times_a, times_b) -> float:
