@@ -79,6 +79,8 @@ class Reaper:
                 [sys.executable, "-I", "-S", "-c", _PROGRAM, _SHM_DIR, str(_PID_WAIT_SECONDS)],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.DEVNULL,
+                # Nor the launcher's stderr: a caller reading it to EOF must not wait on the reaper.
+                stderr=subprocess.DEVNULL,
                 start_new_session=True,  # a Ctrl-C to the launcher's process group does not stop it
             )
         except OSError:

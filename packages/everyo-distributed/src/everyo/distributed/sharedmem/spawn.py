@@ -213,8 +213,10 @@ class _Spares:
                     writer.close()
                     go_reader.close()
                     stack_writer.close()
-                reaper.own_pid(process.pid)
+                # Listed before the reaper hears of it: a SIGTERM/SIGHUP between the two must not
+                # leave a started process that the cleanup does not stop but the reaper waits for.
                 self.processes.append(process)
+                reaper.own_pid(process.pid)
                 self.pipes.append(reader)
                 self.gos.append(go_writer)
                 self.stacks.append(stack_reader)
@@ -310,8 +312,11 @@ def _spawn_once(
                     finally:
                         writer.close()
                         stack_writer.close()
-                    reaper.own_pid(process.pid)
+                    # Listed before the reaper hears of it: a SIGTERM/SIGHUP between the two would
+                    # leave a rank that _stop does not stop but the reaper waits for (and the parent
+                    # waits for the reaper): a 30 s deadlock instead of a prompt exit.
                     processes.append(process)
+                    reaper.own_pid(process.pid)
             if start_spares is not None:
                 started.append(start_spares())
             results = _supervise(processes, pipes, control, timeout, stall_timeout, stacks)
