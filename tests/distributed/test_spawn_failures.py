@@ -196,13 +196,26 @@ INTERRUPTED_SCRIPT = textwrap.dedent("""
 """)
 
 
+def _default_signals():
+    # An ignored signal is inherited through exec: under `nohup` (SIGHUP) or as a background job of
+    # a script (SIGINT) the parent would ignore the very signal a test sends, and spawn rightly leaves
+    # an ignored disposition alone. The tests are about a program that takes the default ones.
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_DFL)
+
+
 def start_looping_parent(tmp_path):
     script = tmp_path / "loop.py"
     script.write_text(INTERRUPTED_SCRIPT)
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(__file__)] + sys.path)
     proc = subprocess.Popen(
-        [sys.executable, str(script), str(tmp_path)], stderr=subprocess.PIPE, text=True, env=env, start_new_session=True
+        [sys.executable, str(script), str(tmp_path)],
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        start_new_session=True,
+        preexec_fn=_default_signals,  # noqa: PLW1509 - the child is single-threaded until exec
     )
     pid_files = [tmp_path / f"rank{r}.pid" for r in range(2)]
     deadline = time.monotonic() + 120  # a safety net only: the files appear once both ranks are in their loop
