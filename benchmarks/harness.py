@@ -124,13 +124,24 @@ def interleaved(fns: dict, repeats: int = 7, warmup: int = 1, gap: float = IDLE_
     return times
 
 
+class ProcessFailed(RuntimeError):
+    """A benchmark process exited non-zero; ``name`` is its candidate, ``reason`` its last stderr line."""
+
+    def __init__(self, name: str, argv, returncode: int, stderr: str):
+        self.name = name
+        lines = [line for line in stderr.strip().splitlines() if line.strip()]
+        self.reason = lines[-1].strip() if lines else f"exited {returncode}"
+        super().__init__(f"{name}: {' '.join(argv)} exited {returncode}:\n{stderr[-3000:]}")
+
+
 def alternate_processes(commands: dict, rounds: int = 3, env=None, timeout: float = 600) -> dict:
     """Run each command alone in a fresh process, alternating A B A B ... for ``rounds``.
 
     ``commands`` maps a name to an argv list; each process must print one JSON
     object as its last line of standard output. ``env`` maps a name to extra
     environment variables for that command. Returns name -> list of the parsed
-    objects (one per round). A failing process raises with its standard error.
+    objects (one per round). A failing process raises ``ProcessFailed`` with its
+    standard error.
     """
     if rounds < 3:
         raise ValueError(f"alternate_processes needs at least 3 rounds for a median to mean anything; got {rounds}")
@@ -142,7 +153,7 @@ def alternate_processes(commands: dict, rounds: int = 3, env=None, timeout: floa
                 argv, capture_output=True, text=True, timeout=timeout, env=dict(os.environ, **extra), check=False
             )
             if proc.returncode != 0:
-                raise RuntimeError(f"{name}: {' '.join(argv)} exited {proc.returncode}:\n{proc.stderr[-3000:]}")
+                raise ProcessFailed(name, argv, proc.returncode, proc.stderr)
             results[name].append(json.loads(proc.stdout.strip().splitlines()[-1]))
     return results
 
