@@ -18,6 +18,8 @@ EXPECTED = {
     "add_bias",
     "relu_backward",
     "outer_product",
+    "im2col",
+    "col2im",
 }
 
 

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from everyo.kernels._version import __version__
 from everyo.kernels.bfloat16 import bfloat16_codes, bfloat16_to_float, round_to_bfloat16
+from everyo.kernels.conv import col2im, im2col
 from everyo.kernels.dense import add_bias, outer_product, relu_backward
 from everyo.kernels.recurrent import lstm_cell_backward, lstm_gates_in, lstm_gates_out
 
@@ -41,6 +42,8 @@ TABLE: dict[str, Callable[..., Any]] = {
     "add_bias": add_bias,
     "relu_backward": relu_backward,
     "outer_product": outer_product,
+    "im2col": im2col,
+    "col2im": col2im,
 }
 
 
