@@ -3,7 +3,9 @@ channels-last tensors, vectorised over pixels.
 
 Convolution is im2col on a strided view followed by one BLAS matmul; the
 backward scatters columns back with a loop over kernel offsets (kh * kw
-iterations), never over pixels.
+iterations), never over pixels. With everyo-kernels, ``im2col`` and ``col2im``
+(see :mod:`everyo.kernel_table`) do the same copies and adds in one pass each,
+with the same bits.
 """
 
 from __future__ import annotations
