@@ -20,6 +20,11 @@ EXPECTED = {
     "outer_product",
     "im2col",
     "col2im",
+    "softmax_shift",
+    "softmax_scale",
+    "softmax_backward",
+    "layer_norm_forward",
+    "layer_norm_backward",
 }
 
 

@@ -633,18 +633,76 @@ def _hide(data: np.ndarray, blocked: TensorLike) -> np.ndarray:
     return out
 
 
-@primitive("softmax", FLOAT32, kind="reduction", inputs=("a", "blocked"))
-def softmax(a: TensorLike, axis: int = -1, blocked: TensorLike | None = None) -> Tensor:
-    """Numerically stable softmax (the maximum is subtracted first).
+def _row_mask(blocked: TensorLike, shape: tuple[int, ...]) -> np.ndarray | None:
+    """``blocked`` as a C-contiguous boolean (mrows, n) whose rows repeat over
+    the rows of an array of ``shape`` (last axis n), or None where it is no
+    boolean array broadcasting to ``shape``. A mask that varies only over
+    trailing axes (a causal (L, S) mask over (B, H, L, S) scores) is used as
+    it is; any other is broadcast to ``shape`` first."""
+    mask = blocked.data if isinstance(blocked, Tensor) else np.asarray(blocked)
+    if mask.dtype != np.bool_:
+        return None
+    try:
+        if np.broadcast_shapes(mask.shape, shape) != shape:
+            return None
+    except ValueError:
+        return None
+    padded = (1,) * (len(shape) - mask.ndim) + mask.shape
+    k = len(shape)  # the mask is the full trailing shape from axis k on
+    while k > 0 and padded[k - 1] == shape[k - 1]:
+        k -= 1
+    if k == len(shape) or any(d != 1 for d in padded[:k]):
+        mask = np.broadcast_to(mask, shape)
+    return np.ascontiguousarray(mask).reshape(-1, shape[-1])
 
-    ``blocked`` (optional) is a boolean array broadcastable to ``a``: those
-    entries are ignored, like entries equal to ``-inf``. A slice with every
-    entry ignored gives all zeros (and a zero gradient), never NaN, which is
-    what masked attention needs: attention over nothing attends to nothing.
-    """
-    a = _t(a)
-    axis = normalize_axis(axis, a.data.shape, "softmax")
-    data = a.data if blocked is None else _hide(a.data, blocked)
+
+def _softmax_rows(data: np.ndarray, axis: int, blocked: TensorLike | None) -> np.ndarray | None:
+    """softmax over the last axis of a C-contiguous float32 array through
+    everyo-kernels' softmax_shift/softmax_scale, around NumPy's own ``exp``
+    (the same bits as the reference below); None where they do not apply."""
+    use = (
+        data.dtype == np.float32 and axis == data.ndim - 1 and data.size >= _KERNEL_MIN_SIZE and data.flags.c_contiguous
+    )
+    shift = kernel_table.get("softmax_shift") if use else None
+    scale = kernel_table.get("softmax_scale") if shift is not None else None
+    if shift is None or scale is None:
+        return None
+    mask = None if blocked is None else _row_mask(blocked, data.shape)
+    if blocked is not None and mask is None:
+        return None
+    out = _buffers.empty(data.shape, data.dtype)
+    rows = out.reshape(-1, data.shape[-1])
+    shift(data.reshape(-1, data.shape[-1]), mask, rows)
+    np.exp(out, out=out)
+    scale(rows)
+    return out
+
+
+def _softmax_rows_backward(g: np.ndarray, out: np.ndarray, axis: int) -> np.ndarray | None:
+    """softmax's gradient over the last axis through everyo-kernels'
+    softmax_backward (float32/float64, C-contiguous; the same bits); None where
+    it does not apply."""
+    use = (
+        g.dtype == out.dtype
+        and g.dtype in _COMPILED
+        and g.shape == out.shape
+        and axis == out.ndim - 1
+        and out.size >= _KERNEL_MIN_SIZE
+        and g.flags.c_contiguous
+        and out.flags.c_contiguous
+    )
+    step = kernel_table.get("softmax_backward") if use else None
+    if step is None:
+        return None
+    gx = _buffers.empty(g.shape, g.dtype)
+    n = g.shape[-1]
+    step(g.reshape(-1, n), out.reshape(-1, n), gx.reshape(-1, n))
+    return gx
+
+
+def _softmax_numpy(data: np.ndarray, axis: int, blocked: TensorLike | None) -> np.ndarray:
+    """The reference softmax (see :func:`softmax`)."""
+    data = data if blocked is None else _hide(data, blocked)
     peak = data.max(axis=axis, keepdims=True, initial=-np.inf)  # initial: an empty axis is no error
     # Shifting a fully ignored slice by 0 (not by -inf) keeps exp() at 0
     # instead of producing exp(-inf - -inf) = NaN.
@@ -657,8 +715,29 @@ def softmax(a: TensorLike, axis: int = -1, blocked: TensorLike | None = None) ->
     # Only an all-ignored slice (total 0) is divided by 1; a NaN or inf total
     # must reach every entry of its slice (PyTorch: a slice holding NaN is NaN).
     out = np.divide(e, np.where(total == 0, 1, total).astype(data.dtype, copy=False), out=e)
+    return out
+
+
+@primitive("softmax", FLOAT32, kind="reduction", inputs=("a", "blocked"))
+def softmax(a: TensorLike, axis: int = -1, blocked: TensorLike | None = None) -> Tensor:
+    """Numerically stable softmax (the maximum is subtracted first).
+
+    ``blocked`` (optional) is a boolean array broadcastable to ``a``: those
+    entries are ignored, like entries equal to ``-inf``. A slice with every
+    entry ignored gives all zeros (and a zero gradient), never NaN, which is
+    what masked attention needs: attention over nothing attends to nothing.
+    """
+    a = _t(a)
+    axis = normalize_axis(axis, a.data.shape, "softmax")
+    # Through everyo-kernels where they apply (the same bits), else the reference:
+    out = _softmax_rows(a.data, axis, blocked)
+    if out is None:
+        out = _softmax_numpy(a.data, axis, blocked)
 
     def backward(g):
+        gx = _softmax_rows_backward(g, out, axis)
+        if gx is not None:
+            return (gx,)
         # out * (g - sum(g * out)) in one buffer.
         gx = np.multiply(g, out)
         dot = gx.sum(axis=axis, keepdims=True)

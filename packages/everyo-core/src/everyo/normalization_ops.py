@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from everyo import _buffers, kernel_table
 from everyo.axes import normalize_axes
 from everyo.casting import convert
 from everyo.dispatch import primitive
@@ -40,6 +41,10 @@ if TYPE_CHECKING:
 __all__ = ["normalize"]
 
 _F32 = np.dtype(np.float32)
+# everyo-kernels' layer_norm_forward/backward: for these types, from this many elements
+# (below it the NumPy path, and the kernels are never loaded for it; as in everyo.functional).
+_COMPILED = (np.dtype(np.float32), np.dtype(np.float64))
+_KERNEL_MIN_SIZE = 16384
 
 
 def _wide(value):
@@ -101,6 +106,9 @@ def normalize(
         xw = xw.astype(comp)
     axes = normalize_axes(axis, xw.shape, "normalize")
     batch_stats = mean is None
+    rows = _rows_kernel(x, weight, bias, xw, axes) if batch_stats else None
+    if rows is not None:
+        return _normalize_rows(x, weight, bias, axes, eps, *rows)
     if batch_stats:
         mu = xw.mean(axis=axes, keepdims=True)
         y = xw - mu  # centred; becomes the output in place below
@@ -163,4 +171,71 @@ def normalize(
         return gx, gweight, gbias
 
     parents: tuple[Tensor, ...] = (x,) if weight is None or bias is None else (x, weight, bias)
+    return Tensor._from_op(out, parents, backward)
+
+
+def _rows_kernel(x, weight, bias, xw, axes):
+    """everyo-kernels' layer_norm_forward and layer_norm_backward where they apply to this call, else None:
+    statistics over the trailing axes of a C-contiguous float32 (or float64)
+    input of the computing type, the parameters (if any) of the trailing shape."""
+    ndim = xw.ndim
+    use = (
+        xw is x.data
+        and xw.dtype in _COMPILED
+        and len(axes) >= 1
+        and sorted(axes) == list(range(ndim - len(axes), ndim))
+        and xw.size >= _KERNEL_MIN_SIZE
+        and xw.flags.c_contiguous
+        and all(
+            p.data.shape == xw.shape[ndim - len(axes) :] and p.data.dtype == xw.dtype
+            for p in (weight, bias)
+            if p is not None
+        )
+    )
+    forward = kernel_table.get("layer_norm_forward") if use else None
+    backward = kernel_table.get("layer_norm_backward") if forward is not None else None
+    return None if backward is None else (forward, backward)
+
+
+def _flat(p, n, dtype):
+    return np.ascontiguousarray(p.data.reshape(n)) if p is not None else np.ones(n, dtype)
+
+
+def _normalize_rows(x, weight, bias, axes, eps, forward, step):
+    """:func:`normalize` over trailing axes through everyo-kernels' layer_norm_forward
+    and layer_norm_backward: the reference's arithmetic in its order, the same bits."""
+    data = x.data
+    dtype = data.dtype
+    n = int(np.prod(data.shape[data.ndim - len(axes) :]))
+    rows = data.size // n
+    out = _buffers.empty(data.shape, dtype)
+    mean, rstd = np.empty(rows, dtype), np.empty(rows, dtype)
+    affine = weight is not None
+    forward(
+        data.reshape(rows, n),
+        _flat(weight, n, dtype),
+        _flat(bias, n, dtype),
+        affine,
+        dtype.type(eps),
+        out.reshape(rows, n),
+        mean,
+        rstd,
+    )
+
+    def backward(g):
+        # (The reference converts a gradient of another type to the computing type too.)
+        g = np.ascontiguousarray(g, dtype)
+        gx = _buffers.empty(data.shape, dtype)
+        gw, gb = np.zeros(n, dtype), np.zeros(n, dtype)
+        step(
+            data.reshape(rows, n), g.reshape(rows, n), mean, rstd, _flat(weight, n, dtype), gx.reshape(rows, n), gw, gb
+        )
+        gx = gx if x.requires_grad else None
+        if not affine:
+            return (gx,)
+        gweight = gw.reshape(weight.data.shape) if weight.requires_grad else None
+        gbias = gb.reshape(bias.data.shape) if bias.requires_grad else None
+        return gx, gweight, gbias
+
+    parents: tuple[Tensor, ...] = (x,) if not affine else (x, weight, bias)
     return Tensor._from_op(out, parents, backward)

@@ -24,6 +24,13 @@ from everyo.kernels.bfloat16 import bfloat16_codes, bfloat16_to_float, round_to_
 from everyo.kernels.conv import col2im, im2col
 from everyo.kernels.dense import add_bias, outer_product, relu_backward
 from everyo.kernels.recurrent import lstm_cell_backward, lstm_gates_in, lstm_gates_out
+from everyo.kernels.rows import (
+    layer_norm_backward,
+    layer_norm_forward,
+    softmax_backward,
+    softmax_scale,
+    softmax_shift,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -44,6 +51,11 @@ TABLE: dict[str, Callable[..., Any]] = {
     "outer_product": outer_product,
     "im2col": im2col,
     "col2im": col2im,
+    "softmax_shift": softmax_shift,
+    "softmax_scale": softmax_scale,
+    "softmax_backward": softmax_backward,
+    "layer_norm_forward": layer_norm_forward,
+    "layer_norm_backward": layer_norm_backward,
 }
 
 

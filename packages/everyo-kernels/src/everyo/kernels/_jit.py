@@ -28,9 +28,17 @@ from typing import Any
 
 import numba
 
-__all__ = ["kernel"]
+__all__ = ["kernel", "helper"]
 
 
 def kernel(function: Any) -> Any:
     """The decorator of a kernel entry point (compiled at its first call)."""
     return numba.njit(cache=True, error_model="numpy", boundscheck=False, nogil=True)(function)
+
+
+def helper(function: Any) -> Any:
+    """A kernel's building block, inlined into its callers at numba's IR level
+    (``inline="always"``): a call to a compiled function that takes an array
+    increments and decrements the array's reference count, two atomic
+    operations that cost more than summing a row of 64 values."""
+    return numba.njit(cache=True, error_model="numpy", boundscheck=False, nogil=True, inline="always")(function)
