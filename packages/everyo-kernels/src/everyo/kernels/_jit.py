@@ -39,6 +39,6 @@ def kernel(function: Any) -> Any:
 def helper(function: Any) -> Any:
     """A kernel's building block, inlined into its callers at numba's IR level
     (``inline="always"``): a call to a compiled function that takes an array
-    increments and decrements the array's reference count, two atomic
-    operations that cost more than summing a row of 64 values."""
+    view increments and decrements its reference count (atomic operations),
+    once per row in a row loop."""
     return numba.njit(cache=True, error_model="numpy", boundscheck=False, nogil=True, inline="always")(function)

@@ -41,6 +41,8 @@ import numpy as np
 
 from everyo.kernels._jit import helper, kernel
 
+_U = np.uint64  # an unsigned index (see _block_sum)
+
 __all__ = [
     "row_sum",
     "softmax_shift",
@@ -55,27 +57,30 @@ __all__ = [
 def _block_sum(a, i, lo, n):
     # NumPy's pairwise_sum of a[i, lo:lo + n] for n <= 128: below 8 values in
     # order from 0, else 8 interleaved partial sums combined as a tree, then
-    # the rest in order.
+    # the rest in order. The indices are unsigned: numba then skips its
+    # negative-index wraparound, which made this loop 2.6x slower.
+    r, start = _U(i), _U(lo)
     if n < 8:
         res = a.dtype.type(0)
-        for j in range(lo, lo + n):
-            res += a[i, j]
+        for k in range(n):
+            res += a[r, start + _U(k)]
         return res
-    r0, r1, r2, r3 = a[i, lo], a[i, lo + 1], a[i, lo + 2], a[i, lo + 3]
-    r4, r5, r6, r7 = a[i, lo + 4], a[i, lo + 5], a[i, lo + 6], a[i, lo + 7]
-    stop = lo + n - n % 8
-    for j in range(lo + 8, stop, 8):
-        r0 += a[i, j]
-        r1 += a[i, j + 1]
-        r2 += a[i, j + 2]
-        r3 += a[i, j + 3]
-        r4 += a[i, j + 4]
-        r5 += a[i, j + 5]
-        r6 += a[i, j + 6]
-        r7 += a[i, j + 7]
+    r0, r1, r2, r3 = a[r, start], a[r, start + _U(1)], a[r, start + _U(2)], a[r, start + _U(3)]
+    r4, r5, r6, r7 = a[r, start + _U(4)], a[r, start + _U(5)], a[r, start + _U(6)], a[r, start + _U(7)]
+    blocks = n // 8
+    for b in range(1, blocks):
+        j = start + _U(8 * b)
+        r0 += a[r, j]
+        r1 += a[r, j + _U(1)]
+        r2 += a[r, j + _U(2)]
+        r3 += a[r, j + _U(3)]
+        r4 += a[r, j + _U(4)]
+        r5 += a[r, j + _U(5)]
+        r6 += a[r, j + _U(6)]
+        r7 += a[r, j + _U(7)]
     res = ((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7))
-    for j in range(stop, lo + n):
-        res += a[i, j]
+    for k in range(8 * blocks, n):
+        res += a[r, start + _U(k)]
     return res
 
 
@@ -126,6 +131,38 @@ def row_sum(a, i):
     return a.dtype.type(0) + (_block_sum(a, i, 0, n) if n <= 128 else _long_sum(a, i, n))
 
 
+@helper
+def _row_max(a, i, n):
+    # The largest of a[i, :n] (-inf for none), NaNs passed over: 8 running
+    # maxima (independent chains, unsigned indices as in _block_sum), then
+    # the largest of them and of the rest. A maximum is exact in any order.
+    r = _U(i)
+    m0 = m1 = m2 = m3 = m4 = m5 = m6 = m7 = a.dtype.type(-np.inf)
+    blocks = n // 8
+    for b in range(blocks):
+        j = _U(8 * b)
+        v0, v1, v2, v3 = a[r, j], a[r, j + _U(1)], a[r, j + _U(2)], a[r, j + _U(3)]
+        v4, v5, v6, v7 = a[r, j + _U(4)], a[r, j + _U(5)], a[r, j + _U(6)], a[r, j + _U(7)]
+        m0 = v0 if v0 > m0 else m0
+        m1 = v1 if v1 > m1 else m1
+        m2 = v2 if v2 > m2 else m2
+        m3 = v3 if v3 > m3 else m3
+        m4 = v4 if v4 > m4 else m4
+        m5 = v5 if v5 > m5 else m5
+        m6 = v6 if v6 > m6 else m6
+        m7 = v7 if v7 > m7 else m7
+    for k in range(8 * blocks, n):
+        v = a[r, _U(k)]
+        m0 = v if v > m0 else m0
+    m0 = m1 if m1 > m0 else m0
+    m2 = m3 if m3 > m2 else m2
+    m4 = m5 if m5 > m4 else m4
+    m6 = m7 if m7 > m6 else m6
+    m0 = m2 if m2 > m0 else m0
+    m4 = m6 if m6 > m4 else m4
+    return m4 if m4 > m0 else m0
+
+
 @kernel
 def softmax_shift(x, blocked, out):
     """``out[i] = where(blocked[i % len(blocked)], -inf, x[i]) - peak[i]``.
@@ -141,11 +178,8 @@ def softmax_shift(x, blocked, out):
     zero = x.dtype.type(0)
     codes = None if blocked is None else blocked.view(np.uint8)
     for i in range(rows):
-        peak = ninf
         if blocked is None:
-            for j in range(n):
-                v = x[i, j]
-                peak = v if v > peak else peak
+            peak = _row_max(x, i, n)
             if peak == ninf or peak == -ninf:
                 peak = zero
             for j in range(n):
@@ -157,9 +191,7 @@ def softmax_shift(x, blocked, out):
             k = i % blocked.shape[0]
             for j in range(n):
                 out[i, j] = ninf if codes[k, j] != 0 else x[i, j]
-            for j in range(n):
-                v = out[i, j]
-                peak = v if v > peak else peak
+            peak = _row_max(out, i, n)
             if peak == ninf or peak == -ninf:
                 peak = zero
             for j in range(n):
