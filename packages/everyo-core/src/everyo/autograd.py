@@ -86,8 +86,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
     from types import TracebackType
 
-    from everyo._typing import Array, TensorLike
-    from everyo.tensor import Tensor
+    from everyo._typing import AnyTensor, Array, TensorLike
 
     _F = TypeVar("_F", bound=Callable[..., Any])
 
@@ -99,7 +98,7 @@ _clock = itertools.count(1)
 latest_version = 0
 
 
-def bump_version(tensor: Tensor) -> None:
+def bump_version(tensor: AnyTensor) -> None:
     """Record that ``tensor``'s values were just changed in place."""
     global latest_version
     latest_version = tensor._version = next(_clock)
@@ -154,7 +153,7 @@ _lock_mutex = threading.RLock()  # reentrant: a finalizer (_unlock) may run duri
 _reads_inputs: dict[Any, bool] = {}  # a backward closure's code -> whether its op reads its inputs' values
 
 
-def lock_saved_leaves(out: Tensor, parents: Sequence[Tensor], backward: Any) -> None:
+def lock_saved_leaves(out: AnyTensor, parents: Sequence[AnyTensor], backward: Any) -> None:
     """Make the arrays of ``parents`` that are leaves requiring grad read-only
     until ``out``'s node is freed by backward or garbage-collected (not for the
     ops whose gradient reads no input value: a change cannot alter it)."""
@@ -194,18 +193,18 @@ def _unlock(key: int, arrays: list[Any]) -> None:
                 a.flags.writeable = True
 
 
-def held_by_graph(tensor: Tensor) -> bool:
+def held_by_graph(tensor: AnyTensor) -> bool:
     """Whether ``tensor``'s array is read-only because a recorded op holds it for backward."""
     return id(tensor._data) in _locked and not tensor._data.flags.writeable
 
 
-def _unlock_node(node: Tensor) -> None:
+def _unlock_node(node: AnyTensor) -> None:
     handle = _lock_handles.get(id(node))
     if handle is not None:
         handle()  # runs _unlock once; the finalizer is then dead
 
 
-def snapshot(out: Tensor) -> None:
+def snapshot(out: AnyTensor) -> None:
     """Keep copies of an op's output and inputs (called by ``Tensor._from_op`` while
     :class:`detect_inplace_writes` is on)."""
     assert snapshots is not None
@@ -478,14 +477,14 @@ def _release(parents, pending, ready):
                 ready.append(parent)
 
 
-def backward(root: Tensor, grad: TensorLike | None = None, retain_graph: bool = False) -> None:
+def backward(root: AnyTensor, grad: TensorLike | None = None, retain_graph: bool = False) -> None:
     """Accumulate d(root)/d(leaf) into every leaf's ``.grad`` (see ``Tensor.backward``)."""
     _run([root], [_seed(root, grad)], retain_graph)
 
 
 def grad(
-    outputs: Tensor | Sequence[Tensor],
-    inputs: Tensor | Sequence[Tensor],
+    outputs: AnyTensor | Sequence[AnyTensor],
+    inputs: AnyTensor | Sequence[AnyTensor],
     grad_outputs: TensorLike | Sequence[TensorLike | None] | None = None,
     retain_graph: bool = False,
     allow_unused: bool = False,

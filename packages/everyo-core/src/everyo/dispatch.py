@@ -70,7 +70,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import ParamSpec, TypeVar
 
-    from everyo.tensor import Tensor
+    from everyo._typing import AnyTensor
 
     _P = ParamSpec("_P")
     _R = TypeVar("_R")
@@ -187,7 +187,7 @@ def reset_policy(token: Token[Any]) -> None:
     _policy.reset(token)
 
 
-def apply(category: str | None, *tensors: Tensor) -> tuple[Tensor, ...]:
+def apply(category: str | None, *tensors: AnyTensor) -> tuple[AnyTensor, ...]:
     """Route operands through the policy (identity when none is set).
 
     Primitives get this from their decorator; kept for code outside core's
@@ -219,7 +219,7 @@ def inside_primitive() -> bool:
     return bool(_depth.get())
 
 
-def python_value(tensor: Tensor, kind: str) -> None:
+def python_value(tensor: AnyTensor, kind: str) -> None:
     """Called by Tensor before it turns into a Python value (``kind`` is
     'bool', 'int', 'float', 'index', 'item' or 'tolist')."""
     tracer = _tracer.get()
@@ -422,7 +422,7 @@ def _drop_cast_copies(args, kwargs, cast_args, cast_kwargs, out):
             cast._data = np.broadcast_to(np.zeros((), cast._data.dtype), cast._data.shape)
 
 
-def _tensor_type() -> type[Tensor]:
+def _tensor_type() -> type[AnyTensor]:
     return _Tensor  # bound by tensor.py
 
 
