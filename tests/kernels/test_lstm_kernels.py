@@ -1,6 +1,10 @@
 """The LSTM kernels against core's NumPy path: bit-identical outputs and
 gradients on random shapes, strided operands, padding, both directions and
-special values; gradients through the kernels against finite differences."""
+special values; gradients through the kernels against finite differences.
+
+Two sets of kernels: the whole time loop in one call (``lstm_forward_scan``,
+``lstm_backward_scan``: unpadded batches, batch and hidden > 1) and the
+per-step ones (the rest: padding, a single row or unit)."""
 
 import numpy as np
 import pytest
@@ -11,7 +15,20 @@ from everyo import kernel_table
 from everyo.recurrent_ops import lstm_scan
 from everyo.testing import check_gradients
 
-KERNELS = ("lstm_gates_in", "lstm_gates_out", "lstm_cell_backward")
+STEP_KERNELS = ("lstm_gates_in", "lstm_gates_out", "lstm_cell_backward")
+SCANS = ("lstm_forward_scan", "lstm_backward_scan")
+KERNELS = STEP_KERNELS + SCANS
+
+
+def _expected_calls(batch, steps, hidden, lengths=None):
+    """How often each kernel runs in one forward + backward."""
+    if batch > 1 and hidden > 1 and (lengths is None or min(lengths) >= steps):
+        return dict.fromkeys(STEP_KERNELS, 0) | dict.fromkeys(SCANS, 1)
+    return dict.fromkeys(STEP_KERNELS, steps) | dict.fromkeys(SCANS, 0)
+
+
+def _ran(calls):
+    return {name for name, n in calls.items() if n}
 
 
 def _operands(rng, batch, steps, hidden, dtype, strided):
@@ -56,16 +73,40 @@ def test_bit_identical_to_numpy(monkeypatch, case):
         want = _run(*operands, reverse=reverse, lengths=lengths)
     calls = count_calls(monkeypatch, KERNELS)
     got = _run(*operands, reverse=reverse, lengths=lengths)
-    assert calls == dict.fromkeys(KERNELS, steps) | {"lstm_cell_backward": steps}, calls
+    assert calls == _expected_calls(batch, steps, hidden, lengths), calls
     _assert_same_bits(got, want)
 
 
-def test_workload_shape_bit_identical():
-    # The benchmark's LSTM: batch 32, 50 steps, hidden 128.
-    operands = _operands(np.random.default_rng(7), 32, 50, 128, np.float32, False)
+@pytest.mark.parametrize("shape", [(32, 50, 128), (3, 2, 300), (2, 3, 2)])
+def test_whole_loop_bit_identical(monkeypatch, shape):
+    # The benchmark's LSTM (batch 32, 50 steps, hidden 128: BLAS's small-matrix kernel),
+    # a hidden size whose products take BLAS's general path, the smallest shape the loop takes.
+    batch, steps, hidden = shape
+    for reverse in (False, True):
+        operands = _operands(np.random.default_rng(7), batch, steps, hidden, np.float32, False)
+        with kernel_table.disabled():
+            want = _run(*operands, reverse=reverse)
+        calls = count_calls(monkeypatch, KERNELS)
+        _assert_same_bits(_run(*operands, reverse=reverse), want)
+        assert calls == _expected_calls(batch, steps, hidden), calls
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_final_state_only_bit_identical(monkeypatch, dtype):
+    # No gradient reaches the outputs (only h_last and c_last are used): the loop runs without one.
+    xp, h0, c0, w = _operands(np.random.default_rng(8), 4, 5, 6, dtype, False)
+
+    def run():
+        tensors = [eo.tensor(a, requires_grad=True) for a in (xp, h0, c0, w)]
+        _, h_last, c_last = lstm_scan(*tensors)
+        ((h_last * h_last).sum() + (c_last * 3).sum()).backward()
+        return [h_last.data, c_last.data] + [t.grad for t in tensors]
+
     with kernel_table.disabled():
-        want = _run(*operands)
-    _assert_same_bits(_run(*operands), want)
+        want = run()
+    calls = count_calls(monkeypatch, SCANS)
+    _assert_same_bits(run(), want)
+    assert calls == dict.fromkeys(SCANS, 1)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
@@ -109,7 +150,7 @@ def test_gradients_through_kernels_match_finite_differences(monkeypatch, reverse
         ],
         name="lstm_scan (kernels)",
     )
-    assert calls["lstm_cell_backward"] > 0 and calls["lstm_gates_in"] > 0
+    assert _ran(calls) == _ran(_expected_calls(B, T, H))  # the checker runs many passes
 
 
 def test_padded_gradients_match_finite_differences(monkeypatch):
@@ -127,7 +168,7 @@ def test_padded_gradients_match_finite_differences(monkeypatch):
         ],
         name="lstm_scan padded (kernels)",
     )
-    assert calls["lstm_cell_backward"] > 0
+    assert _ran(calls) == _ran(_expected_calls(B, T, H, lengths))
 
 
 def test_layer_trains_the_same(monkeypatch):

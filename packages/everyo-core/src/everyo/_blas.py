@@ -26,15 +26,19 @@ OS) :func:`matmul` is ``np.matmul`` and NumPy runs as configured. Set
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
 
 import numpy as np
 
-__all__ = ["SMALL_MNK", "OPENBLAS_SINGLE", "machine_busy", "matmul"]
+__all__ = ["SMALL_MNK", "OPENBLAS_SINGLE", "machine_busy", "matmul", "threads_for"]
 
 SMALL_MNK = 1 << 23  # about 0.2 ms of single-thread float32 work on the development machine
 # OpenBLAS's own rule (interface/gemm.c: 65536 * GEMM_MULTITHREAD_THRESHOLD 4): at or below it,
@@ -125,3 +129,25 @@ def matmul(x: np.ndarray, y: np.ndarray, out: np.ndarray | None = None) -> np.nd
                     finally:
                         put(previous)
     return np.matmul(x, y, out=out)
+
+
+@contextlib.contextmanager
+def threads_for(mnk: int) -> Iterator[None]:
+    """Run the block under :func:`matmul`'s thread rule for products of ``mnk``
+    (``m * n * k``) each: for compiled code (everyo-kernels) that calls NumPy's
+    BLAS itself, many times, in one call."""
+    global _threads
+    if mnk >= OPENBLAS_SINGLE and (mnk < SMALL_MNK or machine_busy()):
+        if _threads is None:
+            _threads = _find()
+        if _threads:
+            get, put = _threads
+            previous = get()
+            if previous > 1:
+                put(1)
+                try:
+                    yield
+                finally:
+                    put(previous)
+                return
+    yield

@@ -67,6 +67,16 @@ def _compiled_gates(dt):
     return None if gates_in is None or gates_out is None else (gates_in, gates_out)
 
 
+def _compiled_scan(name, compiled, ended, batch, steps, hidden):
+    """everyo-kernels' whole-loop LSTM kernel ``name``, or None: it runs only where the
+    per-step kernels do (``compiled``), without padding, and where each step's
+    (B, H) @ (H, H) product is one that NumPy's matmul hands to BLAS's gemm (not
+    gemv: B, H > 1)."""
+    if compiled is None or ended is not None or batch < 2 or hidden < 2 or steps < 1:
+        return None
+    return kernel_table.get(name)
+
+
 def _sigmoid_(a):
     np.multiply(a, 0.5, out=a)
     np.tanh(a, out=a)
@@ -263,7 +273,14 @@ def lstm_scan(
         gates_in, gates_out = compiled
         x4 = np.ascontiguousarray(x4, dtype=dt)
         c = np.ascontiguousarray(c, dtype=dt)
-    for t in _order(steps, reverse):
+    # The whole loop in one compiled call (same products and tanh as below, so the same
+    # bits), where NumPy's matmul would make a (B, H) @ (H, H) BLAS product (B, H > 1).
+    scan = _compiled_scan("lstm_forward_scan", compiled, ended, batch, steps, H)
+    if scan is not None:
+        with _blas.threads_for(batch * H * H):
+            scan(x4, w4, c, acts, cs, tanh_cs, prev, h_last, reverse)
+        c = cs[last]
+    for t in _order(steps, reverse) if scan is None else ():
         rows = None if ended is None else ended[t]
         if rows is not None:
             h_kept, c_kept = h[rows], c[rows]
@@ -318,7 +335,15 @@ def lstm_scan(
         cell = kernel_table.get("lstm_cell_backward") if dt in _COMPILED_TYPES else None
         if cell is not None:
             c_first = np.ascontiguousarray(c_first, dtype=dt)
-        for t in _order(steps, not reverse):
+        scan = _compiled_scan("lstm_backward_scan", cell, ended, batch, steps, H)
+        if scan is not None and (g_seq is None or g_seq.dtype == dt):
+            g = None if g_seq is None else np.ascontiguousarray(g_seq)
+            with _blas.threads_for(batch * H * H):
+                scan(acts, tanh_cs, cs, c_first, w4_t, g, dh, dc, d_acts, reverse)
+            steps_left = ()
+        else:
+            steps_left = _order(steps, not reverse)
+        for t in steps_left:
             rows = None if ended is None else ended[t]
             if rows is not None:
                 dh_kept, dc_kept = dh[rows], dc[rows]
