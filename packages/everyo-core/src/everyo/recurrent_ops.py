@@ -24,7 +24,10 @@ is small enough for OpenBLAS's small-matrix kernels (no packing; ~1.3x faster
 than one (B, H) @ (H, 4H) product on x86-64), and each gate lands in its own
 contiguous (B, H) block, where the elementwise passes run (row-strided slices
 of a (B, 4H) row cost NumPy several times more). The step allocates nothing
-and uses one tanh for all four gates.
+and uses one tanh for all four gates. With everyo-kernels, an unpadded LSTM's
+whole time loop (forward and backward) is one compiled call that makes the
+same products and tanh calls as this code, through NumPy's own BLAS function
+and ufunc loop: the same bits without the interpreter between the steps.
 
 Padded batches (``lengths``): at step ``t`` the rows with ``lengths <= t`` are
 *ended*: their state is carried over unchanged and their output is zero. The
