@@ -103,3 +103,21 @@ def test_eo_kernels_still_callable_once_the_subpackage_is_imported():
     assert eo.kernels is package or eo.kernels is kernel_table.kernels
     assert eo.kernels() == kernel_table.kernels() == package()
     assert package.TABLE.keys() == EXPECTED
+
+
+def test_loading_the_kernels_changes_no_shared_ctypes_function():
+    # _native reads NumPy's loop capsules through a PyCapsule_GetPointer prototype of its own:
+    # setting restype/argtypes on ctypes.pythonapi's shared object would change it for every
+    # other library in the process.
+    code = (
+        "import ctypes, json, everyo as eo\n"
+        "f = ctypes.pythonapi.PyCapsule_GetPointer\n"
+        "before = (f.restype, f.argtypes)\n"
+        "status = eo.kernels()\n"
+        "import everyo.kernels._native as native\n"
+        "print(json.dumps([native.AVAILABLE, (f.restype, f.argtypes) == before, status.enabled]))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=os.environ.copy())
+    available, untouched, enabled = json.loads(out.stdout.strip().splitlines()[-1])
+    assert enabled and available
+    assert untouched, "loading everyo-kernels changed ctypes.pythonapi.PyCapsule_GetPointer's restype/argtypes"

@@ -35,6 +35,11 @@ __all__ = ["AVAILABLE", "gemm_address", "ufunc_loop", "gemm", "ufunc_call"]
 
 _CALL_INFO = b"numpy_1.24_ufunc_call_info"
 _keep: list[Any] = []  # the loops' capsules (their context and auxdata must outlive every call)
+# PyCapsule_GetPointer through a prototype of our own: setting restype/argtypes on
+# ctypes.pythonapi's shared function object would change it for the whole process.
+_capsule_pointer = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.py_object, ctypes.c_char_p)(
+    ("PyCapsule_GetPointer", ctypes.pythonapi)
+)
 
 
 def _gemm_addresses() -> dict[str, int]:
@@ -59,9 +64,7 @@ def ufunc_loop(ufunc: np.ufunc, dtype: Any) -> np.ndarray:
     d = np.dtype(dtype)
     _, info = ufunc._resolve_dtypes_and_context((d, d))
     ufunc._get_strided_loop(info, fixed_strides=(d.itemsize, d.itemsize))
-    get = ctypes.pythonapi.PyCapsule_GetPointer
-    get.restype, get.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
-    loop, context, aux = (ctypes.c_void_p * 3).from_address(get(info, _CALL_INFO))
+    loop, context, aux = (ctypes.c_void_p * 3).from_address(_capsule_pointer(info, _CALL_INFO))
     if not loop:
         raise RuntimeError(f"NumPy gave no strided loop for {ufunc.__name__} {d}")
     _keep.append(info)
