@@ -117,7 +117,9 @@ def test_loading_the_kernels_changes_no_shared_ctypes_function():
         "import everyo.kernels._native as native\n"
         "print(json.dumps([native.AVAILABLE, (f.restype, f.argtypes) == before, status.enabled]))\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=os.environ.copy())
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, env=os.environ.copy()
+    )
     available, untouched, enabled = json.loads(out.stdout.strip().splitlines()[-1])
     assert enabled and available
     assert untouched, "loading everyo-kernels changed ctypes.pythonapi.PyCapsule_GetPointer's restype/argtypes"
