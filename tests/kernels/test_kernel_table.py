@@ -28,6 +28,8 @@ EXPECTED = {
     "softmax_backward",
     "layer_norm_forward",
     "layer_norm_backward",
+    "gelu_forward",
+    "gelu_backward",
 }
 
 

@@ -24,6 +24,7 @@ from everyo.kernels._version import __version__
 from everyo.kernels.bfloat16 import bfloat16_codes, bfloat16_to_float, round_to_bfloat16
 from everyo.kernels.conv import col2im, im2col
 from everyo.kernels.dense import add_bias, outer_product, relu_backward
+from everyo.kernels.gelu import gelu_backward, gelu_forward
 from everyo.kernels.recurrent import (
     lstm_backward_scan,
     lstm_cell_backward,
@@ -63,6 +64,8 @@ TABLE: dict[str, Callable[..., Any]] = {
     "softmax_backward": softmax_backward,
     "layer_norm_forward": layer_norm_forward,
     "layer_norm_backward": layer_norm_backward,
+    "gelu_forward": gelu_forward,
+    "gelu_backward": gelu_backward,
 }
 if _NATIVE:  # they call NumPy's own BLAS and tanh loop (everyo.kernels._native): only where those were found
     TABLE |= {"lstm_forward_scan": lstm_forward_scan, "lstm_backward_scan": lstm_backward_scan}
