@@ -23,6 +23,8 @@ EXPECTED = {
     "outer_product",
     "im2col",
     "col2im",
+    "max_pool_forward",
+    "max_pool_backward",
     "softmax_shift",
     "softmax_scale",
     "softmax_backward",

@@ -5,7 +5,8 @@ Convolution is im2col on a strided view followed by one BLAS matmul; the
 backward scatters columns back with a loop over kernel offsets (kh * kw
 iterations), never over pixels. With everyo-kernels, ``im2col`` and ``col2im``
 (see :mod:`everyo.kernel_table`) do the same copies and adds in one pass each,
-with the same bits.
+with the same bits; so do ``max_pool_forward`` and ``max_pool_backward`` for a
+max pool whose windows do not overlap ('valid', stride >= pool size).
 """
 
 from __future__ import annotations
@@ -171,6 +172,22 @@ def _conv_kernels(xd, groups, half, size):
         return None
     im2col, col2im = kernel_table.get("im2col"), kernel_table.get("col2im")
     return None if im2col is None or col2im is None else (im2col, col2im)
+
+
+def _pool_kernels(xd, kernel, stride, pads):
+    """everyo-kernels' (forward, backward) max_pool2d pair, or None (NumPy's
+    window passes): float32/float64 C-contiguous input, no padding, windows
+    that do not overlap (stride >= pool size)."""
+    if (
+        xd.dtype not in _COMPILED
+        or not xd.flags.c_contiguous
+        or pads != ((0, 0), (0, 0))
+        or stride[0] < kernel[0]
+        or stride[1] < kernel[1]
+    ):
+        return None
+    forward, backward = kernel_table.get("max_pool_forward"), kernel_table.get("max_pool_backward")
+    return None if forward is None or backward is None else (forward, backward)
 
 
 def _crop(gxp, pads):
@@ -470,14 +487,24 @@ def max_pool2d(
     # the upcast is exact and the maximum is one of the inputs, so rounding
     # it back changes nothing. Only float16 arrays are kept for backward.
     half = is_low_precision(xd.dtype)
+    compiled = _pool_kernels(xd, kernel, stride, pads)
     xp = _pad(xd, pads, value=-np.inf)
-    xp32 = _up(xp) if half else xp
-    out32 = _window_reduce(_windows(xp32, kernel, stride, (oh, ow)), np.maximum)
-    out = _exact_down(out32, xd.dtype) if half else out32
-    del xp32, out32
+    if compiled:
+        # One pass each way, the same bits (everyo.kernels.pool).
+        out = np.empty((xd.shape[0], oh, ow, xd.shape[3]), xd.dtype)
+        compiled[0](xd, out, *kernel, *stride)
+    else:
+        xp32 = _up(xp) if half else xp
+        out32 = _window_reduce(_windows(xp32, kernel, stride, (oh, ow)), np.maximum)
+        out = _exact_down(out32, xd.dtype) if half else out32
+        del xp32, out32
 
     @takes_rounded
     def backward(g):
+        if compiled and isinstance(g, np.ndarray) and g.dtype == xd.dtype:
+            gx = np.empty(xd.shape, xd.dtype)
+            compiled[1](xd, out, np.ascontiguousarray(g), gx, *kernel, *stride)
+            return (gx,)
         # The first position (row-major within the window) holding the maximum
         # takes the gradient, like an argmax would.
         src = _up(xp) if half else xp

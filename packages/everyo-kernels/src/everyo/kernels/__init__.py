@@ -25,6 +25,7 @@ from everyo.kernels.bfloat16 import bfloat16_codes, bfloat16_to_float, round_to_
 from everyo.kernels.conv import col2im, im2col
 from everyo.kernels.dense import add_bias, outer_product, relu_backward
 from everyo.kernels.gelu import gelu_backward, gelu_forward
+from everyo.kernels.pool import max_pool_backward, max_pool_forward
 from everyo.kernels.recurrent import (
     lstm_backward_scan,
     lstm_cell_backward,
@@ -59,6 +60,8 @@ TABLE: dict[str, Callable[..., Any]] = {
     "outer_product": outer_product,
     "im2col": im2col,
     "col2im": col2im,
+    "max_pool_forward": max_pool_forward,
+    "max_pool_backward": max_pool_backward,
     "softmax_shift": softmax_shift,
     "softmax_scale": softmax_scale,
     "softmax_backward": softmax_backward,
