@@ -491,7 +491,7 @@ def max_pool2d(
     xp = _pad(xd, pads, value=-np.inf)
     if compiled:
         # One pass each way, the same bits (everyo.kernels.pool).
-        out = np.empty((xd.shape[0], oh, ow, xd.shape[3]), xd.dtype)
+        out = _buffers.empty((xd.shape[0], oh, ow, xd.shape[3]), xd.dtype)
         compiled[0](xd, out, *kernel, *stride)
     else:
         xp32 = _up(xp) if half else xp
@@ -502,7 +502,7 @@ def max_pool2d(
     @takes_rounded
     def backward(g):
         if compiled and isinstance(g, np.ndarray) and g.dtype == xd.dtype:
-            gx = np.empty(xd.shape, xd.dtype)
+            gx = _buffers.empty(xd.shape, xd.dtype)
             compiled[1](xd, out, np.ascontiguousarray(g), gx, *kernel, *stride)
             return (gx,)
         # The first position (row-major within the window) holding the maximum
