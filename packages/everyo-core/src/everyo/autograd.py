@@ -350,7 +350,11 @@ def _add(a, b):
         return a.accumulate(b)
     if not isinstance(b, _ARRAYS) and hasattr(b, "accumulate"):
         return b.accumulate(a)  # addition commutes, bit for bit
-    return materialize(a) + materialize(b)
+    a, b = materialize(a), materialize(b)
+    if type(a) is np.ndarray and type(b) is np.ndarray and a.shape == b.shape and a.dtype == b.dtype:
+        if a.dtype.kind == "f":  # into a recycled buffer (everyo._buffers): the same sum, no fresh pages
+            return np.add(a, b, out=_buffers.empty(a.shape, a.dtype))
+    return a + b
 
 
 def _as_grad(grad, like):

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from everyo import _buffers
 from everyo.axes import normalize_axis
 from everyo.dispatch import primitive
 from everyo.errors import EveryODTypeError, EveryOIndexError, EveryOShapeError
@@ -99,6 +100,9 @@ def split(x: Tensor, sections: int | Sequence[int], axis: int = -1) -> list[Tens
 
     def backward(grads):
         full = [np.zeros(p.shape, dtype=data.dtype) if g is None else g for g, p in zip(grads, pieces)]
+        if data.dtype.kind == "f" and all(g.dtype == data.dtype for g in full):
+            # Into a recycled buffer (everyo._buffers): the same values, no fresh pages each step.
+            return (np.concatenate(full, axis=axis, out=_buffers.empty(data.shape, data.dtype)),)
         return (np.concatenate(full, axis=axis),)
 
     return multi_output(pieces, (x,), backward)
