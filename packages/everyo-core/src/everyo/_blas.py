@@ -109,33 +109,10 @@ def machine_busy() -> bool:
     return _busy
 
 
-def matmul(x: np.ndarray, y: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-    """``np.matmul(x, y, out=out)``, on one BLAS thread when each product is small
-    (``OPENBLAS_SINGLE <= m * n * k < SMALL_MNK``; below that OpenBLAS uses one anyway),
-    or when :func:`machine_busy`."""
-    global _threads
-    if x.ndim >= 2 and y.ndim >= 2:
-        mnk = x.shape[-2] * x.shape[-1] * y.shape[-1]
-        if mnk >= OPENBLAS_SINGLE and (mnk < SMALL_MNK or machine_busy()):
-            if _threads is None:
-                _threads = _find()
-            if _threads:
-                get, put = _threads
-                previous = get()
-                if previous > 1:
-                    put(1)
-                    try:
-                        return np.matmul(x, y, out=out)
-                    finally:
-                        put(previous)
-    return np.matmul(x, y, out=out)
-
-
-@contextlib.contextmanager
-def threads_for(mnk: int) -> Iterator[None]:
-    """Run the block under :func:`matmul`'s thread rule for products of ``mnk``
-    (``m * n * k``) each: for compiled code (everyo-kernels) that calls NumPy's
-    BLAS itself, many times, in one call."""
+def _one_thread(mnk: int) -> int | None:
+    """Apply the thread rule to products of ``mnk`` (``m * n * k``) each: when it asks
+    for one BLAS thread and more are set, set one and return the count to restore
+    (with :func:`_restore`); else None."""
     global _threads
     if mnk >= OPENBLAS_SINGLE and (mnk < SMALL_MNK or machine_busy()):
         if _threads is None:
@@ -145,9 +122,37 @@ def threads_for(mnk: int) -> Iterator[None]:
             previous = get()
             if previous > 1:
                 put(1)
-                try:
-                    yield
-                finally:
-                    put(previous)
-                return
-    yield
+                return previous
+    return None
+
+
+def _restore(previous: int) -> None:
+    assert _threads  # _one_thread found the setters before it returned a count
+    _threads[1](previous)
+
+
+def matmul(x: np.ndarray, y: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """``np.matmul(x, y, out=out)``, on one BLAS thread when each product is small
+    (``OPENBLAS_SINGLE <= m * n * k < SMALL_MNK``; below that OpenBLAS uses one anyway),
+    or when :func:`machine_busy`."""
+    if x.ndim >= 2 and y.ndim >= 2:
+        previous = _one_thread(x.shape[-2] * x.shape[-1] * y.shape[-1])
+        if previous is not None:
+            try:
+                return np.matmul(x, y, out=out)
+            finally:
+                _restore(previous)
+    return np.matmul(x, y, out=out)
+
+
+@contextlib.contextmanager
+def threads_for(mnk: int) -> Iterator[None]:
+    """Run the block under :func:`matmul`'s thread rule for products of ``mnk``
+    (``m * n * k``) each: for compiled code (everyo-kernels) that calls NumPy's
+    BLAS itself, many times, in one call."""
+    previous = _one_thread(mnk)
+    try:
+        yield
+    finally:
+        if previous is not None:
+            _restore(previous)

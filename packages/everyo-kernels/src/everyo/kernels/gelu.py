@@ -39,41 +39,26 @@ float32, 1-D C-contiguous arrays (core passes the flattened arrays).
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
 
+from everyo import activations as _activations
 from everyo.kernels._jit import helper, kernel
 
 __all__ = ["gelu_forward", "gelu_backward", "BOUND_REL"]
 
 BOUND_REL = 2.0**-20  # relative bound against the NumPy path (see the module doc)
 
-# core's constants (everyo.activations), as float32
-_CLIP = np.float32(15.0)
-_T_SCALE = np.float32(0.25)
+# core's constants (everyo.activations), as float32: imported, so the two paths cannot drift apart
+_CLIP = _activations._PHI_CLIP
+_T_SCALE = _activations._PHI_T_SCALE
 _ONE = np.float32(1.0)
 _MINUS_HALF = np.float32(-0.5)
-_INV_SQRT_2PI = np.float32(1.0 / math.sqrt(2.0 * math.pi))
-_P0, _P1, _P2, _P3, _P4, _P5, _P6, _P7, _P8, _P9 = (
-    np.float32(c)
-    for c in (
-        0.09974632783411787,
-        0.09952149197631874,
-        0.09528757796267501,
-        0.07301411796853569,
-        0.08384741912879698,
-        0.01774182322975261,
-        0.022602338488693776,
-        0.055885902495710224,
-        -0.06453990411531901,
-        0.016892909340915772,
-    )
-)
-_HIGH_12_BITS = np.int32(-4096)
+_INV_SQRT_2PI = np.float32(_activations._INV_SQRT_2PI)
+_P0, _P1, _P2, _P3, _P4, _P5, _P6, _P7, _P8, _P9 = _activations._PHI_POLY
+_HIGH_12_BITS = _activations._HIGH_12_BITS
 
 # exp
 _LOG2E = np.float32(1.4426950408889634)
