@@ -11,7 +11,7 @@ max pool whose windows do not overlap ('valid', stride >= pool size).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
@@ -488,11 +488,12 @@ def max_pool2d(
     # it back changes nothing. Only float16 arrays are kept for backward.
     half = is_low_precision(xd.dtype)
     compiled = _pool_kernels(xd, kernel, stride, pads)
+    step: Any = stride  # a pair here (_geometry's), whatever the parameter's type says
     xp = _pad(xd, pads, value=-np.inf)
     if compiled:
         # One pass each way, the same bits (everyo.kernels.pool).
         out = _buffers.empty((xd.shape[0], oh, ow, xd.shape[3]), xd.dtype)
-        compiled[0](xd, out, *kernel, *stride)
+        compiled[0](xd, out, kernel[0], kernel[1], step[0], step[1])
     else:
         xp32 = _up(xp) if half else xp
         out32 = _window_reduce(_windows(xp32, kernel, stride, (oh, ow)), np.maximum)
@@ -503,7 +504,7 @@ def max_pool2d(
     def backward(g):
         if compiled and isinstance(g, np.ndarray) and g.dtype == xd.dtype:
             gx = _buffers.empty(xd.shape, xd.dtype)
-            compiled[1](xd, out, np.ascontiguousarray(g), gx, *kernel, *stride)
+            compiled[1](xd, out, np.ascontiguousarray(g), gx, kernel[0], kernel[1], step[0], step[1])
             return (gx,)
         # The first position (row-major within the window) holding the maximum
         # takes the gradient, like an argmax would.

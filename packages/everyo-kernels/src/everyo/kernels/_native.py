@@ -24,6 +24,7 @@ older NumPy.
 from __future__ import annotations
 
 import ctypes
+import importlib
 from typing import Any
 
 import numpy as np
@@ -45,16 +46,17 @@ _capsule_pointer = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.py_object, ctypes.c
 def _gemm_addresses() -> dict[str, int]:
     """``{"float32": &cblas_sgemm, "float64": &cblas_dgemm}`` as NumPy links them
     (64-bit BLAS integers: NumPy's scipy-openblas64 wheels), or empty."""
-    from numpy._core import _multiarray_umath
-
+    umath: Any = importlib.import_module("numpy._core._multiarray_umath")  # NumPy's extension module
     try:
-        lib = ctypes.CDLL(_multiarray_umath.__file__)
+        lib = ctypes.CDLL(umath.__file__)
     except OSError:
         return {}
     for prefix, suffix in (("scipy_", "64_"), ("", "64_")):
         s, d = (getattr(lib, f"{prefix}cblas_{t}gemm{suffix}", None) for t in "sd")
         if s is not None and d is not None:
-            return {"float32": ctypes.cast(s, ctypes.c_void_p).value, "float64": ctypes.cast(d, ctypes.c_void_p).value}
+            s_address, d_address = ctypes.cast(s, ctypes.c_void_p).value, ctypes.cast(d, ctypes.c_void_p).value
+            if s_address and d_address:
+                return {"float32": s_address, "float64": d_address}
     return {}
 
 
@@ -62,8 +64,9 @@ def ufunc_loop(ufunc: np.ufunc, dtype: Any) -> np.ndarray:
     """NumPy's strided loop of a unary ``ufunc`` for contiguous ``dtype`` operands:
     ``[loop, context, auxdata]`` addresses (int64), for :func:`ufunc_call`."""
     d = np.dtype(dtype)
-    _, info = ufunc._resolve_dtypes_and_context((d, d))
-    ufunc._get_strided_loop(info, fixed_strides=(d.itemsize, d.itemsize))
+    private: Any = ufunc  # NEP 43's experimental methods, not in NumPy's stubs
+    _, info = private._resolve_dtypes_and_context((d, d))
+    private._get_strided_loop(info, fixed_strides=(d.itemsize, d.itemsize))
     loop, context, aux = (ctypes.c_void_p * 3).from_address(_capsule_pointer(info, _CALL_INFO))
     if not loop:
         raise RuntimeError(f"NumPy gave no strided loop for {ufunc.__name__} {d}")
