@@ -11,9 +11,9 @@ must work without them, and each function imports what it needs.
 
 from everyo.onnx._version import __version__  # noqa: F401
 from everyo.onnx.engine import CompiledModel, EveryOWeightsChangedError, compile
-from everyo.onnx.export import DEFAULT_OPSET, MIN_OPSET, build_model, export_onnx
+from everyo.onnx.export import DEFAULT_OPSET, MIN_OPSET, build_model, export_onnx, verify_onnx
 from everyo.onnx.runtime import onnx_available, run_onnx
-from everyo.onnx.verify import format_report, verify_onnx
+from everyo.onnx.verify import format_report
 
 __all__ = [
     "export_onnx",

@@ -469,4 +469,49 @@ def export_onnx(
     return path
 
 
-__all__ = ["export_onnx", "build_model", "DEFAULT_OPSET", "MIN_OPSET"]
+def verify_onnx(
+    model: Module, path: str | os.PathLike[str], example_input: TensorLike | tuple[TensorLike, ...]
+) -> list[dict[str, Any]]:
+    """Compare the ONNX file at ``path`` with ``model`` on ``example_input``,
+    value by value, and return the report (a list of dicts with ``value``,
+    ``op``, ``line``, ``run``, ``max_abs``, ``max_rel``, ``ok``).
+
+    The model is traced again on ``example_input`` with the file's input and
+    output names, opset and dynamic axes, so the file's intermediate values
+    can be matched to EveryO's. Nothing is raised for a disagreement: read
+    the ``ok`` column (``format_report(rows)`` prints a table). Rows are the
+    dicts of :func:`report`: ``value``, ``node``, ``op``, ``line``, ``run``,
+    ``max_abs``, ``max_rel``, ``ok``.
+
+    Example (reads an exported file, so not run as a doctest)::
+
+        rows = eo.verify_onnx(model, "model.onnx", batch)
+        print(eo.onnx.format_report(rows))
+    """
+    import onnx
+    from everyo.onnx.verify import report
+
+    proto = onnx.load(str(path))
+    initializers = {i.name for i in proto.graph.initializer}
+    inputs = [i for i in proto.graph.input if i.name not in initializers]
+    axes = {}  # the file's symbolic input dims, so the re-trace builds the same graph
+    for value in inputs:
+        named = {k: d.dim_param for k, d in enumerate(value.type.tensor_type.shape.dim) if d.dim_param}
+        if named:
+            axes[value.name] = named
+    opset = next(o.version for o in proto.opset_import if o.domain in ("", "ai.onnx"))
+    example = example_input if isinstance(example_input, tuple) else (example_input,)
+    keep: dict[str, Any] = {}
+    build_model(
+        model,
+        example_input=example,
+        input_names=[i.name for i in inputs],
+        output_names=[o.name for o in proto.graph.output],
+        dynamic_axes=axes,
+        opset=opset,
+        _keep=keep,
+    )
+    return report(proto.SerializeToString(), keep)
+
+
+__all__ = ["export_onnx", "build_model", "verify_onnx", "DEFAULT_OPSET", "MIN_OPSET"]
