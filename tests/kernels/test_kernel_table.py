@@ -32,6 +32,8 @@ EXPECTED = {
     "layer_norm_backward",
     "gelu_forward",
     "gelu_backward",
+    "adam_update",
+    "embedding_backward",
 }
 
 

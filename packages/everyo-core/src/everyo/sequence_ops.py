@@ -12,11 +12,15 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from everyo import _buffers
+from everyo import _buffers, kernel_table
 from everyo.axes import normalize_axis
 from everyo.dispatch import primitive
 from everyo.errors import EveryODTypeError, EveryOIndexError, EveryOShapeError
 from everyo.tensor import Tensor
+
+# The embedding backward's kernel: its dtypes, and the fewest gradient values it is used for.
+_COMPILED = (np.dtype(np.float32), np.dtype(np.float64))
+_KERNEL_MIN_SIZE = 16384
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
@@ -134,7 +138,15 @@ def embedding(indices: TensorLike, weight: Tensor, padding_idx: int | None = Non
 
     def backward(g):
         grad = np.zeros_like(w)
-        np.add.at(grad, idx.reshape(-1), g.reshape(-1, w.shape[1]))
+        rows = g.reshape(-1, w.shape[1])
+        # everyo-kernels' embedding_backward: the same additions in the same order (bit-identical).
+        step = None
+        if g.size >= _KERNEL_MIN_SIZE and g.dtype == w.dtype and w.dtype in _COMPILED and idx.dtype.kind in "iu":
+            step = kernel_table.get("embedding_backward")
+        if step is not None and grad.flags.c_contiguous:
+            step(grad, idx.reshape(-1), np.ascontiguousarray(rows))
+        else:
+            np.add.at(grad, idx.reshape(-1), rows)
         if padding_idx is not None:
             grad[padding_idx] = 0
         return (grad,)

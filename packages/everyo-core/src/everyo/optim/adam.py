@@ -5,6 +5,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from everyo import kernel_table
 from everyo.optim.hyper import Flag, Pair, Real
 from everyo.optim.optimizer import Optimizer
 
@@ -12,6 +13,12 @@ if TYPE_CHECKING:
     from collections.abc import Iterable
 
     from everyo.tensor import Tensor
+
+
+# The dtypes everyo-kernels' adam_update is used for, and the fewest values (over a
+# param group) for which it is asked for (as functional's _KERNEL_MIN_SIZE).
+_COMPILED = (np.dtype(np.float32), np.dtype(np.float64))
+_KERNEL_MIN_SIZE = 16384
 
 
 class Adam(Optimizer):
@@ -76,9 +83,17 @@ class Adam(Optimizer):
                 group["weight_decay"],
                 group["amsgrad"],
             )
+            indexed = list(indexed)
+            # everyo-kernels' fused update (bit-identical), where this group has enough values to
+            # be worth loading the kernels for (a tiny model keeps the NumPy passes, as the ops do).
+            update = None
+            if not amsgrad and sum(p.data.size for _, p in indexed) >= _KERNEL_MIN_SIZE:
+                update = kernel_table.get("adam_update")
             for i, p in indexed:
                 g = p.grad
                 if g is None:
+                    continue
+                if update is not None and self._fused(update, i, p, g, lr, (b1, b2), eps, wd):
                     continue
                 if wd and self._decoupled:
                     p.data *= 1 - lr * wd
@@ -107,6 +122,31 @@ class Adam(Optimizer):
                 np.divide(m, denom, out=denom)
                 denom *= lr / (1 - b1**t)
                 p.data -= denom  # through the Tensor: bumps its version
+
+    def _fused(self, update, i, p, g, lr, betas, eps, wd):
+        """The update of one parameter by everyo-kernels' ``update`` (``adam_update``:
+        the same operations in the same order, bit-identical), where it applies:
+        float32 or float64, gradient and state of the parameter's dtype, all
+        C-contiguous (``amsgrad`` never comes here). Returns whether it ran."""
+        data = p.data
+        if (
+            data.dtype not in _COMPILED
+            or g.dtype != data.dtype
+            or not (data.flags.c_contiguous and g.flags.c_contiguous)
+        ):
+            return False
+        state = self.state.get(i)
+        if state:
+            m, v = state["exp_avg"], state["exp_avg_sq"]
+            if m.dtype != data.dtype or v.dtype != data.dtype or not (m.flags.c_contiguous and v.flags.c_contiguous):
+                return False
+        if not state:
+            state = self.state.setdefault(i, {})
+            state["step"], state["exp_avg"], state["exp_avg_sq"] = 0, np.zeros_like(data), np.zeros_like(data)
+        state["step"] = t = int(state["step"]) + 1
+        update(data, g, state["exp_avg"], state["exp_avg_sq"], t, lr, betas, eps, wd, self._decoupled)
+        p.data = data  # an in-place change: bumps the version, as the reference's ``p.data -= ...``
+        return True
 
 
 class AdamW(Adam):

@@ -24,7 +24,9 @@ from everyo.kernels._version import __version__
 from everyo.kernels.bfloat16 import bfloat16_codes, bfloat16_to_float, round_to_bfloat16
 from everyo.kernels.conv import col2im, im2col
 from everyo.kernels.dense import add_bias, outer_product, relu_backward
+from everyo.kernels.embedding import embedding_backward
 from everyo.kernels.gelu import gelu_backward, gelu_forward
+from everyo.kernels.optim import adam_update
 from everyo.kernels.pool import max_pool_backward, max_pool_forward
 from everyo.kernels.recurrent import (
     lstm_backward_scan,
@@ -69,6 +71,8 @@ TABLE: dict[str, Callable[..., Any]] = {
     "layer_norm_backward": layer_norm_backward,
     "gelu_forward": gelu_forward,
     "gelu_backward": gelu_backward,
+    "adam_update": adam_update,
+    "embedding_backward": embedding_backward,
 }
 if _NATIVE:  # they call NumPy's own BLAS and tanh loop (everyo.kernels._native): only where those were found
     TABLE |= {"lstm_forward_scan": lstm_forward_scan, "lstm_backward_scan": lstm_backward_scan}
