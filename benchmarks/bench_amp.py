@@ -253,6 +253,7 @@ def memory_ratio(case, dtype):
     returns live in its memory, invisible to it, and would make the ratio look
     smaller than it is. The arrays kept are the same (shapes and dtypes) with
     either converter, so the count is made without it."""
+    import everyo.amp  # noqa: F401  (first: importing it installs the converter when none is set)
     import everyo.half as half
     from everyo import _buffers
 

@@ -13,6 +13,7 @@ def numpy_conversions():
     would count too little and could not fail. The arrays kept are the same
     either way. For the same reason core's recycling of large results
     (everyo._buffers) is suspended: a recycled buffer is no new allocation."""
+    import everyo.amp  # noqa: F401  (imported first: its import installs the converter when none is set)
     import everyo.half as half
     from everyo import _buffers
 
