@@ -10,6 +10,7 @@ import numpy as np
 from everyo import functional as F
 from everyo.attention_ops import hide_blocked_keys
 from everyo.errors import EveryODTypeError, EveryOShapeError
+from everyo.nn._unread import release_unread
 from everyo.nn.linear import Linear
 from everyo.nn.module import Module, as_input
 from everyo.random import generator_for
@@ -204,6 +205,9 @@ class MultiHeadAttention(Module):
         weights = F.softmax(scores, axis=-1, blocked=blocked)
         attended = F.dropout(weights, self.dropout, self.training, self.generator) if self.dropout else weights
         context = F.matmul(attended, v)  # (batch, heads, lq, head_dim)
+        if attended is not weights:  # under autocast read by nothing: the product saved its 16-bit copy
+            release_unread(attended, context, (query, key, value))
+        del attended
         merged = F.reshape(F.transpose(context, (0, 2, 1, 3)), (batch, lq, self.embed_dim))
         out = self.out_proj(merged)
         return (out, weights) if need_weights else out

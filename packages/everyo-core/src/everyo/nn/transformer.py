@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 from everyo import functional as F
 from everyo.activations import gelu
 from everyo.nn import arguments as args
+from everyo.nn._unread import release_unread
 from everyo.nn.activation import Dropout
 from everyo.nn.attention import MultiHeadAttention
 from everyo.nn.linear import Linear
@@ -98,10 +99,15 @@ class _Block(Module):
     def _feed_forward(self, x):
         return self.linear2(self.dropout(self.activation(self.linear1(x))))
 
-    def _residual(self, x, sublayer, norm, dropout):
-        """One residual sub-block, pre- or post-norm."""
+    def _residual(self, x, sublayer, norm, dropout, stop=()):
+        """One residual sub-block, pre- or post-norm. ``stop``: other inputs of
+        ``sublayer`` (cross-attention's memory), where :func:`release_unread` stops."""
         if self.norm_first:
-            return x + dropout(sublayer(norm(x)))
+            h = norm(x)
+            out = x + dropout(sublayer(h))
+            # Under autocast h is read by nothing (its 16-bit copies are what the products save).
+            release_unread(h, out, (x, *stop))
+            return out
         return norm(x + dropout(sublayer(x)))
 
 
@@ -162,7 +168,9 @@ class TransformerEncoderLayer(_Block):
             return self.self_attn(x, key_padding_mask=src_key_padding_mask, attn_mask=src_mask, is_causal=is_causal)
 
         x = self._residual(src, attend, self.norm1, self.dropout1)
-        return self._residual(x, self._feed_forward, self.norm2, self.dropout2)
+        out = self._residual(x, self._feed_forward, self.norm2, self.dropout2)
+        release_unread(x, out, (src,))  # post-norm under autocast: norm1's float32 output is read by nothing
+        return out
 
 
 class TransformerDecoderLayer(_Block):
@@ -222,9 +230,13 @@ class TransformerDecoderLayer(_Block):
                 x, memory, memory, key_padding_mask=memory_key_padding_mask, attn_mask=memory_mask
             )
 
-        x = self._residual(tgt, self_attend, self.norm1, self.dropout1)
-        x = self._residual(x, cross_attend, self.norm2, self.dropout2)
-        return self._residual(x, self._feed_forward, self.norm3, self.dropout3)
+        x1 = self._residual(tgt, self_attend, self.norm1, self.dropout1)
+        x2 = self._residual(x1, cross_attend, self.norm2, self.dropout2, stop=(memory,))
+        release_unread(x1, x2, (tgt, memory))  # post-norm under autocast: read by nothing (see the encoder's)
+        del x1
+        out = self._residual(x2, self._feed_forward, self.norm3, self.dropout3)
+        release_unread(x2, out, (memory,))
+        return out
 
 
 class _Stack(Module):
@@ -298,7 +310,11 @@ class TransformerEncoder(_Stack):
     ) -> Tensor:
         x = src
         for layer in self.layers:
-            x = layer(x, src_mask=mask, src_key_padding_mask=src_key_padding_mask, is_causal=is_causal)
+            y = layer(x, src_mask=mask, src_key_padding_mask=src_key_padding_mask, is_causal=is_causal)
+            if x is not src:  # a layer's output the next one only cast and added (post-norm, autocast)
+                release_unread(x, y)
+            x = y
+        del y
         return self._finish(x)
 
 
@@ -330,7 +346,7 @@ class TransformerDecoder(_Stack):
     ) -> Tensor:
         x = tgt
         for layer in self.layers:
-            x = layer(
+            y = layer(
                 x,
                 memory,
                 tgt_mask=tgt_mask,
@@ -339,4 +355,8 @@ class TransformerDecoder(_Stack):
                 memory_key_padding_mask=memory_key_padding_mask,
                 tgt_is_causal=tgt_is_causal,
             )
+            if x is not tgt:
+                release_unread(x, y, (memory,))
+            x = y
+        del y
         return self._finish(x)
