@@ -180,3 +180,48 @@ def test_a_narrow_linear_computes_into_the_pool():
     y = layer(x)
     assert _pooled(y.data)
     np.testing.assert_allclose(y.data, x.data @ layer.weight.data + layer.bias.data, rtol=1e-5, atol=1e-5)
+
+
+# GELU (the GPT's feed-forward) and the other smooth activations: their results and
+# gradients were fresh arrays every step; the bits must be the old expressions'.
+def test_gelu_and_its_gradient_come_from_the_pool(monkeypatch):
+    from everyo import activations
+    from everyo.activations import _gelu_derivative, _normal_cdf
+
+    monkeypatch.setattr(activations, "_gelu_compiled", lambda a: None)  # core's NumPy path (kernels on or off)
+    a = _leaf(19)
+    h = eo.relu(a) - 0.5
+    seen = _gradient_reaching(h)
+    y = eo.gelu(h)
+    assert _pooled(y.data)
+    x = h.data
+    cdf = _normal_cdf(x)
+    np.testing.assert_array_equal(y.data.view(np.uint32), (x * cdf).view(np.uint32))
+    g = np.random.default_rng(20).standard_normal(BIG).astype(np.float32)
+    eo.sum(y * eo.tensor(g)).backward()
+    assert _pooled(seen[0])
+    np.testing.assert_array_equal(seen[0].view(np.uint32), (g * _gelu_derivative(x, x * cdf, cdf)).view(np.uint32))
+
+
+@pytest.mark.parametrize("name", ["gelu", "gelu_tanh", "silu", "elu", "leaky_relu", "softplus"])
+def test_activation_results_and_gradients_keep_their_bits(name, monkeypatch):
+    # g * derivative is now written into the derivative's own array, and GELU's x * Phi(x)
+    # into a recycled one; with that turned off (_c_float false: the fresh arrays of
+    # before) every result and gradient has the same bits.
+    from everyo import activations
+
+    x = np.random.default_rng(21).standard_normal(BIG).astype(np.float32) * 3
+    g = eo.tensor(np.random.default_rng(22).standard_normal(BIG).astype(np.float32))
+    op = (lambda t: eo.gelu(t, approximate="tanh")) if name == "gelu_tanh" else getattr(eo, name)
+
+    def run():
+        t = eo.tensor(x, requires_grad=True)
+        y = op(t)
+        eo.sum(y * g).backward()
+        return y.data.copy(), t.grad.copy()
+
+    y, grad = run()
+    monkeypatch.setattr(activations, "_c_float", lambda a: False)
+    y_fresh, grad_fresh = run()
+    np.testing.assert_array_equal(y.view(np.uint32), y_fresh.view(np.uint32))  # bit for bit
+    np.testing.assert_array_equal(grad.view(np.uint32), grad_fresh.view(np.uint32))

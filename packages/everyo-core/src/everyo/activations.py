@@ -51,9 +51,27 @@ def _unary(a, forward, derivative):
         return Tensor._from_op(_float_to_half(out), (a,), backward)
 
     def backward(g):
-        return (g * derivative(xc, out, saved),)
+        d = derivative(xc, out, saved)
+        if _c_float(g) and _c_float(d) and g.shape == d.shape and g.dtype == d.dtype:
+            # g * d into d (a fresh array of the derivative's, often a recycled buffer):
+            # the same products in the same operand order, no fresh pages each step.
+            return (np.multiply(g, d, out=d),)
+        return (g * d,)
 
     return Tensor._from_op(out, (a,), backward)
+
+
+def _c_float(x):
+    """Whether ``x`` is a C-contiguous floating ndarray of at least one axis: the layout of
+    the pooled buffers, so an ``out=`` into one gives what a fresh result would hold (a
+    0-d product would be a NumPy scalar, not an array)."""
+    return type(x) is np.ndarray and x.ndim > 0 and x.dtype.kind == "f" and x.flags.c_contiguous
+
+
+def _like(x):
+    """``np.empty_like(x)``; a recycled buffer (everyo._buffers) where ``x`` is C-contiguous
+    (the same layout, so the same values and the same downstream bits)."""
+    return _buffers.empty(x.shape, x.dtype) if x.flags.c_contiguous else np.empty_like(x)
 
 
 def _sigmoid(x):
@@ -143,7 +161,7 @@ def _normal_cdf(x):
         half_erfc = 0.5 * np.asarray(_erfc(np.abs(z)), np.float64)  # (a 0-d input gives a Python float)
         return np.where(z < 0, half_erfc, 1.0 - half_erfc)
     x32 = x.astype(np.float32, order="C", copy=False)
-    out = np.empty_like(x32)
+    out = _like(x32)
     flat, flat_out = x32.reshape(-1), out.reshape(-1)
     for start in range(0, flat.size, _CHUNK):
         _normal_cdf32(flat[start : start + _CHUNK], flat_out[start : start + _CHUNK])
@@ -184,6 +202,8 @@ def gelu(a: TensorLike, approximate: str = "none") -> Tensor:
 
     def forward(x):
         cdf = _normal_cdf(x)
+        if _c_float(x) and _c_float(cdf) and cdf.dtype == x.dtype:  # x * cdf into a recycled buffer: the same products
+            return np.multiply(x, cdf, out=_like(x)), cdf
         return x * cdf, cdf
 
     return _unary(a, forward, _gelu_derivative)
@@ -191,7 +211,7 @@ def gelu(a: TensorLike, approximate: str = "none") -> Tensor:
 
 def _gelu_derivative(x, out, cdf):
     # Phi(x) + x phi(x), phi(x) = exp(-x^2 / 2) / sqrt(2 pi), in x's dtype
-    d = np.multiply(x, x, out=np.empty_like(x))
+    d = np.multiply(x, x, out=_like(x))
     d *= -0.5
     np.exp(d, out=d)
     d *= x
