@@ -225,3 +225,67 @@ def test_activation_results_and_gradients_keep_their_bits(name, monkeypatch):
     y_fresh, grad_fresh = run()
     np.testing.assert_array_equal(y.view(np.uint32), y_fresh.view(np.uint32))  # bit for bit
     np.testing.assert_array_equal(grad.view(np.uint32), grad_fresh.view(np.uint32))
+
+
+def _bits(array):
+    return np.ascontiguousarray(array).view(np.uint32)
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_softmax_and_its_gradient_come_from_the_pool(masked, monkeypatch):
+    # Attention's probabilities: the reference NumPy path (everyo-kernels' rows already pool).
+    from everyo import functional
+
+    monkeypatch.setattr(functional, "_softmax_rows", lambda *args: None)
+    monkeypatch.setattr(functional, "_softmax_rows_backward", lambda *args: None)
+    rng = np.random.default_rng(23)
+    shape = (4, 4, 64, 64)
+    blocked = np.triu(np.ones((64, 64), dtype=bool), k=1) if masked else None
+    a = eo.Parameter(rng.standard_normal(shape).astype(np.float32))
+    h = a * 1.0
+    seen = _gradient_reaching(h)
+    y = eo.softmax(h, axis=-1, blocked=blocked)
+    assert _pooled(y.data)
+    g = rng.standard_normal(shape).astype(np.float32)
+    eo.sum(y * eo.tensor(g)).backward()
+    assert _pooled(seen[0])
+    # the old expressions, fresh arrays
+    x = np.where(blocked, -np.inf, a.data) if masked else a.data
+    peak = x.max(axis=-1, keepdims=True, initial=-np.inf)
+    e = np.exp(x - np.where(np.isfinite(peak), peak, 0).astype(np.float32))
+    total = e.sum(axis=-1, keepdims=True)
+    out = e / np.where(total == 0, 1, total).astype(np.float32)
+    np.testing.assert_array_equal(_bits(y.data), _bits(out))
+    gx = g * out
+    np.testing.assert_array_equal(_bits(seen[0]), _bits((g - gx.sum(axis=-1, keepdims=True)) * out))
+
+
+def test_a_reshape_that_copies_copies_into_the_pool():
+    # Attention's heads merged back: (batch, heads, length, dim) -> (batch, length, heads * dim).
+    a = _leaf(24, (8, 4, 64, 32))
+    h = eo.relu(a)
+    seen = _gradient_reaching(h)
+    moved = eo.transpose(h, (0, 2, 1, 3))
+    merged = eo.reshape(moved, (8, 64, 128))
+    assert _pooled(merged.data)
+    np.testing.assert_array_equal(merged.data, moved.data.reshape(8, 64, 128))
+    g = np.random.default_rng(25).standard_normal((8, 64, 128)).astype(np.float32)
+    eo.sum(
+        eo.reshape(merged, (8, 64, 4, 32)).transpose((0, 2, 1, 3))
+        * eo.tensor(g.reshape(8, 64, 4, 32).transpose(0, 2, 1, 3))
+    ).backward()
+    assert _pooled(seen[0])
+    np.testing.assert_array_equal(seen[0], g.reshape(8, 64, 4, 32).transpose(0, 2, 1, 3))
+    view = eo.reshape(h, (8, 4, 2048))  # a reshape that needs no copy stays a view
+    assert np.shares_memory(view.data, h.data)
+
+
+def test_a_broadcast_mul_gradient_comes_from_the_pool():
+    # A scale or a per-feature weight: g * w broadcast to g's shape.
+    a, w = _leaf(26), _leaf(27, (256,))
+    h = eo.relu(a)
+    seen = _gradient_reaching(h)
+    g = np.random.default_rng(28).standard_normal(BIG).astype(np.float32)
+    eo.sum(h * w * eo.tensor(g)).backward()
+    assert _pooled(seen[0])
+    np.testing.assert_array_equal(_bits(seen[0]), _bits(g * w.data))

@@ -161,8 +161,17 @@ def mul(a: TensorLike, b: TensorLike) -> Tensor:
 def _product(g, x):
     # g * x; into a recycled buffer (everyo._buffers) when nothing broadcasts: the same
     # products, no fresh pages each step.
-    if type(g) is np.ndarray and type(x) is np.ndarray and g.shape == x.shape and g.dtype == x.dtype:
-        if g.dtype.kind == "f":
+    if type(g) is np.ndarray and type(x) is np.ndarray and g.dtype == x.dtype and g.dtype.kind == "f":
+        if g.shape == x.shape:
+            return np.multiply(g, x, out=_buffers.empty(g.shape, g.dtype))
+        # x broadcasting into g (a scale, a per-feature weight): C order, as the fresh product
+        # of two C-contiguous arrays is, so its sums over the broadcast axes are the same too.
+        if (
+            g.ndim
+            and g.flags.c_contiguous
+            and x.flags.c_contiguous
+            and np.broadcast_shapes(g.shape, x.shape) == g.shape
+        ):
             return np.multiply(g, x, out=_buffers.empty(g.shape, g.dtype))
     return g * x
 
@@ -639,7 +648,8 @@ def _hide(data: np.ndarray, blocked: TensorLike) -> np.ndarray:
     mask = blocked.data if isinstance(blocked, Tensor) else np.asarray(blocked)
     if mask.dtype != np.bool_ or np.broadcast_shapes(mask.shape, data.shape) != data.shape:
         return np.where(mask, -np.inf, data)
-    out = data.copy()
+    out = _buffers.empty(data.shape, data.dtype)  # data.copy(): C order, into a recycled buffer
+    np.copyto(out, data)
     np.copyto(out, -np.inf, where=mask)
     return out
 
@@ -720,7 +730,12 @@ def _softmax_numpy(data: np.ndarray, axis: int, blocked: TensorLike | None) -> n
     peak = np.where(np.isfinite(peak), peak, 0).astype(data.dtype, copy=False)
     # One full-size buffer (the masked copy, when there is one, is reused):
     # shift, exp and divide in place, the same arithmetic as e = exp(data - peak).
-    e = np.subtract(data, peak, out=data if blocked is not None else None)
+    if blocked is not None:
+        e = np.subtract(data, peak, out=data)
+    elif data.flags.c_contiguous:  # into a recycled buffer of the fresh result's layout: the same sums
+        e = np.subtract(data, peak, out=_buffers.empty(data.shape, data.dtype))
+    else:
+        e = np.subtract(data, peak)
     np.exp(e, out=e)
     total = e.sum(axis=axis, keepdims=True)
     # Only an all-ignored slice (total 0) is divided by 1; a NaN or inf total
@@ -749,8 +764,13 @@ def softmax(a: TensorLike, axis: int = -1, blocked: TensorLike | None = None) ->
         gx = _softmax_rows_backward(g, out, axis)
         if gx is not None:
             return (gx,)
-        # out * (g - sum(g * out)) in one buffer.
-        gx = np.multiply(g, out)
+        # out * (g - sum(g * out)) in one buffer (a recycled one where its layout is the
+        # fresh product's: the same sums).
+        same = type(g) is np.ndarray and g.shape == out.shape and g.dtype == out.dtype
+        if same and g.flags.c_contiguous and out.flags.c_contiguous:
+            gx = np.multiply(g, out, out=_buffers.empty(g.shape, g.dtype))
+        else:
+            gx = np.multiply(g, out)
         dot = gx.sum(axis=axis, keepdims=True)
         np.subtract(g, dot, out=gx)
         gx *= out
@@ -821,12 +841,25 @@ def reshape(a: TensorLike, *shape: int | Sequence[int]) -> Tensor:
     a = _t(a)
     old = a.data.shape
     try:
-        out = a.data.reshape(shape)
+        out = _reshaped(a.data, shape)
     except (ValueError, TypeError) as exc:
         raise EveryOShapeError(
             f"reshape: cannot reshape a tensor of shape {old} ({a.data.size} elements) to {shape}: {exc}"
         ) from None
-    return Tensor._from_op(out, (a,), _moves("reshape", lambda g: g.reshape(old)))
+    return Tensor._from_op(out, (a,), _moves("reshape", lambda g: _reshaped(g, old)))
+
+
+def _reshaped(data: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """``data.reshape(shape)``: a view where one exists; else the same C-order copy
+    NumPy would make, for a float array into a recycled buffer (everyo._buffers)."""
+    if type(data) is not np.ndarray or data.dtype.kind != "f":
+        return data.reshape(shape)
+    try:
+        return data.reshape(shape, copy=False)
+    except ValueError:
+        copy = _buffers.empty(data.shape, data.dtype)
+        np.copyto(copy, data)
+        return copy.reshape(shape)  # (an impossible shape raises NumPy's own error here)
 
 
 def _moves(op, move):
