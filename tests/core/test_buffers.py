@@ -289,3 +289,46 @@ def test_a_broadcast_mul_gradient_comes_from_the_pool():
     eo.sum(h * w * eo.tensor(g)).backward()
     assert _pooled(seen[0])
     np.testing.assert_array_equal(_bits(seen[0]), _bits(g * w.data))
+
+
+# The recurrent weight's gradient (prev^T @ d) and the transposed weight blocks each
+# backward copies were fresh arrays every step; with the old expressions back the bits
+# must be the same.
+SCANS = {
+    "rnn": (4, lambda xp, h0, w, b: eo.recurrent_ops.rnn_scan(xp, h0, w, "tanh")),
+    "lstm": (16, lambda xp, h0, w, b: eo.recurrent_ops.lstm_scan(xp, h0, h0 * 0.5, w)),
+    "gru": (12, lambda xp, h0, w, b: eo.recurrent_ops.gru_scan(xp, h0, w, b)),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(SCANS))
+def test_the_recurrent_weight_gradient_comes_from_the_pool(kind, monkeypatch):
+    from everyo import recurrent_ops
+
+    hidden, batch, steps = 256, 16, 10  # the RNN's (256, 256) gradient: above MIN_BYTES
+    width, scan = SCANS[kind]
+    gates = width // 4
+    rng = np.random.default_rng(30)
+    xs = rng.standard_normal((batch, steps, gates * hidden)).astype(np.float32)
+    h0s = rng.standard_normal((batch, hidden)).astype(np.float32)
+    ws = (rng.standard_normal((hidden, gates * hidden)) * 0.1).astype(np.float32)
+    bs = rng.standard_normal(gates * hidden).astype(np.float32)
+    gs = rng.standard_normal((batch, steps, hidden)).astype(np.float32)
+
+    def run():
+        xp, h0 = eo.tensor(xs, requires_grad=True), eo.tensor(h0s, requires_grad=True)
+        w_leaf = eo.Parameter(ws)
+        w = w_leaf * 1.0  # not a leaf: a hook sees the array the scan's backward returned
+        seen = []
+        w.register_hook(seen.append)
+        out = scan(xp, h0, w, eo.tensor(bs, requires_grad=True))[0]
+        eo.sum(out * eo.tensor(gs)).backward()
+        return seen[0], xp.grad.copy(), h0.grad.copy()
+
+    dw, dx, dh0 = run()
+    assert _pooled(dw)
+    # the old expressions: fresh copies and a fresh product
+    monkeypatch.setattr(recurrent_ops, "_contiguous", lambda a, dt: np.ascontiguousarray(a, dtype=dt))
+    monkeypatch.setattr(recurrent_ops, "_weight_grad", lambda prev, d, dt: recurrent_ops._blas.matmul(prev.T, d))
+    for new, old in zip((dw, dx, dh0), run()):
+        np.testing.assert_array_equal(new.view(np.uint32), old.view(np.uint32))

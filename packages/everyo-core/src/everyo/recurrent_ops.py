@@ -80,6 +80,21 @@ def _compiled_scan(name, compiled, ended, batch, steps, hidden):
     return kernel_table.get(name)
 
 
+def _contiguous(a, dt):
+    """``np.ascontiguousarray(a, dtype=dt)``: ``a`` itself where it is one already, else
+    the same copy (the same casts) into a recycled buffer."""
+    if a.flags.c_contiguous and a.dtype == dt:
+        return a
+    out = _empty(a.shape, dt)
+    np.copyto(out, a, casting="unsafe")
+    return out
+
+
+def _weight_grad(prev, d, dt):
+    """``prev.T @ d`` (the recurrent weight's gradient) into a recycled buffer: the same BLAS call."""
+    return _blas.matmul(prev.T, d, _empty((prev.shape[1], d.shape[1]), dt))
+
+
 def _sigmoid_(a):
     np.multiply(a, 0.5, out=a)
     np.tanh(a, out=a)
@@ -93,7 +108,7 @@ def _gate_blocks(w, gates, dt):
     ``h @ blocks`` (one batched product) writes every gate as its own contiguous
     (B, H) array."""
     hidden = w.shape[0]
-    return np.ascontiguousarray(w.reshape(hidden, gates, hidden).transpose(1, 0, 2), dtype=dt)
+    return _contiguous(w.reshape(hidden, gates, hidden).transpose(1, 0, 2), dt)
 
 
 def _order(steps, reverse):
@@ -183,7 +198,7 @@ def rnn_scan(
         g_seq, g_last = grads
         d_pre = _empty(hs.shape, dt)
         dh = np.zeros((batch, hidden), dtype=dt) if g_last is None else np.array(g_last, dtype=dt)
-        w_t = np.ascontiguousarray(w.T)  # OpenBLAS is slower with a transposed operand
+        w_t = _contiguous(w.T, w.dtype)  # OpenBLAS is slower with a transposed operand
         for t in _order(steps, not reverse):
             rows = None if ended is None else ended[t]
             if rows is not None:
@@ -201,7 +216,7 @@ def rnn_scan(
             if rows is not None:
                 dh[rows] = dh_kept
         prev = _previous(hs, h0.data.astype(dt, copy=False), reverse)
-        dw = _blas.matmul(prev.reshape(-1, hidden).T, d_pre.reshape(-1, hidden))
+        dw = _weight_grad(prev.reshape(-1, hidden), d_pre.reshape(-1, hidden), dt)
         return d_pre.transpose(1, 0, 2), dh, dw
 
     return multi_output([_outputs(hs, lengths, ended), h.copy()], (xp, h0, w_hh), backward)
@@ -329,7 +344,7 @@ def lstm_scan(
         d_acts = _empty((batch, steps, 4, H), dt)
         dh = np.zeros((batch, H), dtype=dt) if g_h is None else np.array(g_h, dtype=dt)
         dc = np.zeros((batch, H), dtype=dt) if g_c is None else np.array(g_c, dtype=dt)
-        w4_t = np.ascontiguousarray(w4.transpose(0, 2, 1))  # each gate's block transposed
+        w4_t = _contiguous(w4.transpose(0, 2, 1), w4.dtype)  # each gate's block transposed
         c_first = c0.data.astype(dt, copy=False)
         tmp = np.empty((batch, H), dtype=dt)
         deriv = np.empty((4, batch, H), dtype=dt)
@@ -367,7 +382,7 @@ def lstm_scan(
             if rows is not None:
                 dh[rows] = dh_kept
         d_flat = d_acts.reshape(batch, steps, four_h)
-        dw = _blas.matmul(prev.reshape(-1, H).T, d_flat.reshape(-1, four_h))
+        dw = _weight_grad(prev.reshape(-1, H), d_flat.reshape(-1, four_h), dt)
         return d_flat, dh, dc, dw
 
     return multi_output([out, h_last.copy(), c.copy()], (xp, h0, c0, w_hh), backward)
@@ -429,7 +444,7 @@ def gru_scan(
         d_hp = _empty(d_x.shape, dt)
         dh = np.zeros((batch, H), dtype=dt) if g_last is None else np.array(g_last, dtype=dt)
         h_first = h0.data.astype(dt, copy=False)
-        w3_t = np.ascontiguousarray(w3.transpose(0, 2, 1))  # each gate's block transposed
+        w3_t = _contiguous(w3.transpose(0, 2, 1), w3.dtype)  # each gate's block transposed
         d_step = np.empty((3, batch, H), dtype=dt)  # this step's gate gradients, gate-major
         d_hp_step = np.empty((3, batch, H), dtype=dt)  # and those of h_{t-1} @ W_hh + b_hh
         back = np.empty((3, batch, H), dtype=dt)  # d_hp_step[k] @ w3[k].T, summed over k
@@ -483,7 +498,7 @@ def gru_scan(
             prev[:, 0] = h_first
             prev[:, 1:] = hs[:-1].transpose(1, 0, 2)
         flat = d_hp.reshape(-1, three_h)
-        dw = _blas.matmul(prev.reshape(-1, H).T, flat)
+        dw = _weight_grad(prev.reshape(-1, H), flat, dt)
         return d_x.reshape(batch, steps, three_h), dh, dw, flat.sum(axis=0)
 
     return multi_output([_outputs(hs, lengths, ended), h.copy()], (xp, h0, w_hh, b_hh), backward)
