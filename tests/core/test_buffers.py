@@ -332,3 +332,18 @@ def test_the_recurrent_weight_gradient_comes_from_the_pool(kind, monkeypatch):
     monkeypatch.setattr(recurrent_ops, "_weight_grad", lambda prev, d, dt: recurrent_ops._blas.matmul(prev.T, d))
     for new, old in zip((dw, dx, dh0), run()):
         np.testing.assert_array_equal(new.view(np.uint32), old.view(np.uint32))
+
+
+def test_dropout_and_its_gradient_come_from_the_pool():
+    # The same draws from the generator, the same mask and products as the fresh arrays gave.
+    a = _leaf(31)
+    h = eo.relu(a)
+    seen = _gradient_reaching(h)
+    y = eo.dropout(h, 0.3, True, np.random.default_rng(32))
+    assert _pooled(y.data)
+    g = np.random.default_rng(33).standard_normal(BIG).astype(np.float32)
+    eo.sum(y * eo.tensor(g)).backward()
+    assert _pooled(seen[0])
+    mask = (np.random.default_rng(32).random(BIG) >= 0.3) * np.asarray(1 / 0.7, np.float32)
+    np.testing.assert_array_equal(_bits(y.data), _bits(h.data * mask))
+    np.testing.assert_array_equal(_bits(seen[0]), _bits(g * mask))

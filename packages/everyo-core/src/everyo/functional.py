@@ -8,7 +8,7 @@ category, which routes its operands through the precision policy.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -849,7 +849,7 @@ def reshape(a: TensorLike, *shape: int | Sequence[int]) -> Tensor:
     return Tensor._from_op(out, (a,), _moves("reshape", lambda g: _reshaped(g, old)))
 
 
-def _reshaped(data: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+def _reshaped(data: np.ndarray, shape: tuple[Any, ...]) -> np.ndarray:
     """``data.reshape(shape)``: a view where one exists; else the same C-order copy
     NumPy would make, for a float array into a recycled buffer (everyo._buffers)."""
     if type(data) is not np.ndarray or data.dtype.kind != "f":
@@ -1030,8 +1030,26 @@ def dropout(a: TensorLike, p: float = 0.5, training: bool = True, rng: np.random
             zeros = a.data * np.zeros((), a.data.dtype)
         return Tensor._from_op(zeros, (a,), lambda g: (np.zeros_like(g),))
     rng = rng if rng is not None else default_generator()  # eo.manual_seed makes it reproducible
-    keep = rng.random(a.data.shape) >= p
-    scale = np.asarray(1.0 / (1.0 - p), a.data.dtype)
+    x = a.data
+    scale = np.asarray(1.0 / (1.0 - p), x.dtype)
+    if type(x) is np.ndarray and x.ndim and x.dtype.kind == "f" and x.flags.c_contiguous:
+        # The same draws, comparisons and products as below, into recycled buffers (everyo._buffers),
+        # each C-contiguous as the fresh arrays are.
+        draws = rng.random(out=_buffers.empty(x.shape, np.float64))
+        keep = np.greater_equal(draws, p, out=_buffers.empty(x.shape, np.bool_))
+        del draws
+
+        def scaled() -> np.ndarray:
+            return np.multiply(keep, scale, out=_buffers.empty(x.shape, x.dtype))
+
+        def backward(g: np.ndarray) -> tuple[np.ndarray]:
+            mask = scaled()
+            if type(g) is np.ndarray and g.shape == x.shape and g.dtype == x.dtype and g.flags.c_contiguous:
+                return (np.multiply(g, mask, out=mask),)
+            return (g * mask,)
+
+        return Tensor._from_op(np.multiply(x, scaled(), out=_buffers.empty(x.shape, x.dtype)), (a,), backward)
+    keep = rng.random(x.shape) >= p
     # Backward keeps the boolean mask (a quarter of a float32 one) and rebuilds the scaled mask from it.
     return Tensor._from_op(a.data * (keep * scale), (a,), lambda g: (g * (keep * scale),))
 
