@@ -347,3 +347,96 @@ def test_dropout_and_its_gradient_come_from_the_pool():
     mask = (np.random.default_rng(32).random(BIG) >= 0.3) * np.asarray(1 / 0.7, np.float32)
     np.testing.assert_array_equal(_bits(y.data), _bits(h.data * mask))
     np.testing.assert_array_equal(_bits(seen[0]), _bits(g * mask))
+
+
+# LayerNorm's NumPy path (the GPT's untuned step: ~8.5k of its ~9k page faults a step were
+# LayerNorm's fresh arrays): the centred input, its square, x_hat, g * x_hat, g * w and the
+# input gradient now come from the pool; outputs and gradients keep their bits.
+def _layer_norm_reference(x, w, b, g, eps=1e-5):
+    """The old expressions, fresh arrays: normalize's forward and backward over the last axis."""
+    mu = x.mean(axis=-1, keepdims=True)
+    y = x - mu
+    variance = np.multiply(y, y).sum(axis=-1, keepdims=True) / x.shape[-1]
+    std = np.sqrt(variance + np.float32(eps))
+    y = y / std * w + b
+    rstd = np.float32(1.0) / std
+    xhat = (x - mu) * rstd
+    scratch = g * xhat
+    gweight = scratch.sum(axis=(0, 1))
+    gxhat = g * w
+    m2 = (gxhat * xhat).mean(axis=-1, keepdims=True)
+    m1 = gxhat.mean(axis=-1, keepdims=True)
+    gx = (gxhat - m1 - xhat * m2) * rstd
+    return y, gx, gweight, g.sum(axis=(0, 1))
+
+
+def _numpy_normalize(monkeypatch):
+    from everyo import normalization_ops
+
+    monkeypatch.setattr(normalization_ops, "_rows_kernel", lambda *args: None)  # kernels on or off
+    return normalization_ops
+
+
+def test_layer_norm_and_its_gradients_come_from_the_pool(monkeypatch):
+    _numpy_normalize(monkeypatch)
+    from everyo.normalization_ops import normalize
+
+    shape = (8, 64, 128)
+    rng = np.random.default_rng(34)
+    a = _leaf(35, shape)
+    w = eo.Parameter(rng.standard_normal(128).astype(np.float32))
+    b = eo.Parameter(rng.standard_normal(128).astype(np.float32))
+    h = a * 1.0
+    seen = _gradient_reaching(h)
+    y = normalize(h, w, b, -1, 1e-5)
+    assert _pooled(y.data)
+    g = rng.standard_normal(shape).astype(np.float32)
+    eo.sum(y * eo.tensor(g)).backward()
+    assert _pooled(seen[0])  # no copy of the gradient on its way out (it has x's type already)
+    out, gx, gw, gb = _layer_norm_reference(a.data, w.data, b.data, g)
+    np.testing.assert_array_equal(_bits(y.data), _bits(out))
+    np.testing.assert_array_equal(_bits(seen[0]), _bits(gx))
+    np.testing.assert_array_equal(_bits(w.grad), _bits(gw))
+    np.testing.assert_array_equal(_bits(b.grad), _bits(gb))
+
+
+NORMALIZE_CASES = {
+    # (input shape, axis, parameter shape or None, given statistics, transposed input)
+    "layer": ((8, 64, 128), -1, (128,), False, False),
+    "plain": ((8, 64, 128), -1, None, False, False),
+    "batch": ((64, 32, 8, 8), (0, 2, 3), (1, 32, 1, 1), False, False),
+    "running": ((64, 32, 8, 8), (0, 2, 3), (1, 32, 1, 1), True, False),
+    "running_plain": ((64, 32, 8, 8), (0, 2, 3), None, True, False),
+    "transposed": ((128, 64, 8), 0, None, False, True),
+}
+
+
+@pytest.mark.parametrize("case", sorted(NORMALIZE_CASES))
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_normalize_keeps_its_bits(case, dtype, monkeypatch):
+    # The same op with the pool turned off (_into gives None: the fresh arrays of before):
+    # every output and gradient has the same bits, pooled or not, contiguous input or not.
+    normalization_ops = _numpy_normalize(monkeypatch)
+    from everyo.normalization_ops import normalize
+
+    shape, axis, pshape, given, transposed = NORMALIZE_CASES[case]
+    rng = np.random.default_rng(36)
+    xs = (rng.standard_normal(shape) * 3 + 1).astype(dtype)
+    xs = xs.transpose(2, 1, 0) if transposed else xs
+    gs = rng.standard_normal(xs.shape).astype(dtype)
+    ps = [rng.standard_normal(pshape).astype(dtype) for _ in range(2)] if pshape else []
+    stats = (rng.random(pshape or (1,)).astype(dtype), rng.random(pshape or (1,)).astype(dtype) + 0.5)
+
+    def run():
+        x = eo.tensor(xs, requires_grad=True)
+        params = [eo.Parameter(p) for p in ps] or [None, None]
+        y = normalize(x * 1.0, *params, axis, 1e-5, *(stats if given else (None, None)))
+        eo.sum(y * eo.tensor(gs)).backward()
+        return [y.data.copy(), x.grad.copy()] + [p.grad.copy() for p in params if p is not None]
+
+    pooled = run()
+    monkeypatch.setattr(normalization_ops, "_into", lambda *args: None)
+    fresh = run()
+    view = np.uint64 if dtype == np.float64 else np.uint32
+    for new, old in zip(pooled, fresh, strict=True):
+        np.testing.assert_array_equal(np.ascontiguousarray(new).view(view), np.ascontiguousarray(old).view(view))

@@ -53,6 +53,20 @@ def _wide(value):
     return _up(data) if is_low_precision(data.dtype) else data
 
 
+def _into(dtype, *operands):
+    """A recycled buffer (everyo._buffers) for the elementwise result of ``operands``, or
+    None (a fresh array then, as before). Only where the operands are ndarrays and every
+    full-size one is C-contiguous: the array NumPy would allocate is then C-contiguous
+    too, so the reductions over it later add in the same order and give the same bits."""
+    if any(type(a) is not np.ndarray for a in operands):
+        return None
+    shape = np.broadcast_shapes(*(a.shape for a in operands))
+    full = [a for a in operands if a.shape == shape]
+    if not full or not all(a.flags.c_contiguous for a in full):
+        return None
+    return _buffers.empty(shape, dtype)
+
+
 def _unbroadcast(grad, shape):
     if grad.shape == shape:
         return grad
@@ -111,14 +125,14 @@ def normalize(
         return _normalize_rows(x, weight, bias, axes, eps, *rows)
     if batch_stats:
         mu = xw.mean(axis=axes, keepdims=True)
-        y = xw - mu  # centred; becomes the output in place below
+        y = np.subtract(xw, mu, out=_into(comp, xw, mu))  # centred; becomes the output in place below
         count = int(np.prod([xw.shape[i] for i in axes])) if axes else 1
-        variance = np.multiply(y, y).sum(axis=axes, keepdims=True) / count
+        variance = np.multiply(y, y, out=_into(comp, y)).sum(axis=axes, keepdims=True) / count
     else:
         if var is None:
             raise ValueError("normalize: give both mean and var, or neither")
         mu, variance = np.asarray(_wide(mean), comp), np.asarray(_wide(var), comp)
-        y = xw - mu
+        y = np.subtract(xw, mu, out=_into(comp, xw, mu))
     std = np.sqrt(variance + np.asarray(eps, comp))
     np.divide(y, std, out=y)
     if weight is not None:
@@ -137,8 +151,10 @@ def normalize(
         gw = _up(g) if low else g
         if gw.dtype != comp:
             gw = gw.astype(comp)
-        xs = _wide(x)
-        xhat = np.subtract(xs.astype(comp, copy=False), mu)
+        xs = _wide(x).astype(comp, copy=False)
+        # Full-size results go into recycled buffers where the operands allow (_into): the
+        # same operations in the same order as the fresh arrays, the same bits.
+        xhat = np.subtract(xs, mu, out=_into(comp, xs, mu))
         xhat *= rstd
         gx = gweight = gbias = None
         scratch = None  # a full-size buffer of ours the input gradient may reuse
@@ -146,26 +162,29 @@ def normalize(
             if bias.requires_grad:
                 gbias = _unbroadcast(gw, bias.data.shape)
             if weight.requires_grad:
-                scratch = np.multiply(gw, xhat)
+                scratch = np.multiply(gw, xhat, out=_into(comp, gw, xhat))
                 gweight = _unbroadcast(scratch, weight.data.shape)
-            gxhat = np.multiply(gw, _wide(weight).astype(comp, copy=False))
+            w = _wide(weight).astype(comp, copy=False)
+            gxhat = np.multiply(gw, w, out=_into(comp, gw, w))
         else:
             gxhat = gw
         if x.requires_grad:
             if batch_stats:
                 # d/dx of (x - mean(x)) / sqrt(var(x) + eps), var with ddof 0,
                 # as gx = (gxhat - mean(gxhat) - xhat * mean(gxhat * xhat)) * rstd.
-                prod = np.multiply(gxhat, xhat, out=scratch if scratch is not None and gweight is not scratch else None)
+                reuse = scratch is not None and gweight is not scratch
+                prod = np.multiply(gxhat, xhat, out=scratch if reuse else _into(comp, gxhat, xhat))
                 m2 = prod.mean(axis=axes, keepdims=True)
                 del prod, scratch
                 m1 = gxhat.mean(axis=axes, keepdims=True)
-                gx = np.subtract(gxhat, m1, out=gxhat if gxhat is not gw else None)
+                gx = np.subtract(gxhat, m1, out=gxhat if gxhat is not gw else _into(comp, gxhat, m1))
                 xhat *= m2
                 gx -= xhat
                 gx *= rstd
             else:
-                gx = gxhat * rstd
-            gx = _rounded(gx, dt) if low else convert(gx, dt)
+                gx = np.multiply(gxhat, rstd, out=_into(comp, gxhat, rstd))
+            # (gx is ours, fresh or recycled: no copy when it already has x's type)
+            gx = _rounded(gx, dt) if low else gx if gx.dtype == dt else convert(gx, dt)
         if weight is None:
             return (gx,)
         return gx, gweight, gbias
