@@ -440,3 +440,83 @@ def test_normalize_keeps_its_bits(case, dtype, monkeypatch):
     view = np.uint64 if dtype == np.float64 else np.uint32
     for new, old in zip(pooled, fresh, strict=True):
         np.testing.assert_array_equal(np.ascontiguousarray(new).view(view), np.ascontiguousarray(old).view(view))
+
+
+# The losses: cross-entropy's log-softmax and its gradient (the GPT's logits) and MSE's
+# difference and gradient (the encoder) were fresh arrays every step; the old expressions
+# must give the same bits.
+@pytest.mark.parametrize("smoothing", [0.0, 0.1])
+def test_cross_entropy_and_its_gradient_come_from_the_pool(smoothing):
+    rng = np.random.default_rng(37)
+    a = _leaf(38, (2048, 65))
+    h = a * 1.0
+    seen = _gradient_reaching(h)
+    t = rng.integers(0, 65, 2048)
+    t[::7] = -100
+    loss = eo.cross_entropy(h, t, label_smoothing=smoothing)
+    loss.backward()
+    assert _pooled(seen[0])
+    z = a.data
+    shifted = z - z.max(axis=-1, keepdims=True)
+    e = np.exp(shifted)
+    total = e.sum(axis=-1, keepdims=True)
+    logp, p = shifted - np.log(total), e / total
+    valid = t != -100
+    index = np.where(valid, t, 0)
+    rows = np.arange(2048)
+    wt = valid.astype(np.float32)
+    per = np.where(valid, -wt * logp[rows, index], 0)
+    if smoothing:
+        per = (1 - smoothing) * per + (smoothing / 65) * np.where(valid, -logp.sum(axis=1), 0)
+    scale = np.asarray(1.0 / np.asarray(wt.sum(), np.float32), np.float32)
+    np.testing.assert_array_equal(_bits(loss.data), _bits(np.asarray(per.sum() / wt.sum(), np.float32)))
+    gi = np.broadcast_to(np.float32(1.0) * scale, per.shape)
+    d = np.zeros_like(logp)
+    d[rows, index] = -(1 - smoothing) * wt * gi
+    if smoothing:
+        d -= (smoothing / 65) * (gi * valid)[:, None] * 1.0
+    np.testing.assert_array_equal(_bits(seen[0]), _bits(d - p * d.sum(axis=-1, keepdims=True)))
+
+
+@pytest.mark.parametrize("name", ["mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss"])
+def test_pointwise_losses_keep_their_bits(name, monkeypatch):
+    # With the pool off (pooled gives None: the fresh arrays of before) every loss and
+    # gradient has the same bits; MSE's difference and gradient come from the pool.
+    from everyo.losses import _common, classification, regression
+
+    rng = np.random.default_rng(39)
+    xs, ys = (rng.standard_normal((32, 64, 128)).astype(np.float32) for _ in range(2))
+
+    def run():
+        x, y = eo.tensor(xs, requires_grad=True), eo.tensor(ys, requires_grad=True)
+        h = x * 1.0
+        seen = _gradient_reaching(h)
+        loss = getattr(eo, name)(h, y)
+        loss.backward()
+        return seen[0], [loss.data.copy(), x.grad.copy(), y.grad.copy()]
+
+    grad, pooled = run()
+    if name == "mse_loss":
+        assert _pooled(grad)
+    for module in (_common, classification, regression):
+        monkeypatch.setattr(module, "pooled", lambda *arrays: None)
+    _, fresh = run()
+    for new, old in zip(pooled, fresh, strict=True):
+        np.testing.assert_array_equal(_bits(new), _bits(old))
+    if name == "mse_loss":  # and the old expression: g * scale spread, times 2 * d
+        scale = np.asarray(1.0 / np.float32(xs.size), np.float32)
+        expected = np.broadcast_to(np.float32(1.0) * scale, xs.shape) * (2 * (xs - ys))
+        np.testing.assert_array_equal(_bits(pooled[1]), _bits(expected))
+
+
+def test_embedding_rows_come_from_the_pool():
+    # The token embedding's rows: the same values np.take gives, in a recycled buffer.
+    from everyo.sequence_ops import EveryOIndexError, embedding
+
+    w = eo.Parameter(np.random.default_rng(40).standard_normal((65, 128)).astype(np.float32))
+    idx = np.random.default_rng(41).integers(0, 65, (32, 64))
+    out = embedding(idx, w)
+    assert _pooled(out.data)
+    np.testing.assert_array_equal(_bits(out.data), _bits(np.take(w.data, idx, axis=0)))
+    with pytest.raises(EveryOIndexError):
+        embedding(idx + 1, w)  # 65 is out of range: still refused, not clipped

@@ -134,7 +134,12 @@ def embedding(indices: TensorLike, weight: Tensor, padding_idx: int | None = Non
             f"{num} rows (valid ids are 0..{num - 1}); {bad.size} of {idx.size} indices are out of range"
         )
     w = weight.data
-    out = np.take(w, idx, axis=0)
+    if type(w) is np.ndarray and w.dtype.kind == "f" and w.ndim == 2 and idx.dtype.kind in "iu":
+        # The same rows into a recycled buffer (everyo._buffers). The indices are checked above,
+        # so mode="clip" changes none; mode="raise" would copy through a temporary buffer.
+        out = np.take(w, idx, axis=0, out=_buffers.empty(idx.shape + w.shape[1:], w.dtype), mode="clip")
+    else:
+        out = np.take(w, idx, axis=0)
 
     def backward(g):
         grad = np.zeros_like(w)

@@ -32,6 +32,7 @@ from everyo.losses._common import (
     check_reduction,
     constant,
     float32_at_least,
+    pooled,
     positional_reduction,
     reduce,
     same_shape,
@@ -48,10 +49,12 @@ __all__ = ["cross_entropy", "nll_loss"]
 def _log_softmax(z: Array) -> tuple[Array, Array]:
     """``(log_softmax(z), softmax(z))`` over the last axis, stably."""
     with np.errstate(invalid="ignore", over="ignore"):
-        shifted = z - z.max(axis=-1, keepdims=True)
-        e = np.exp(shifted)
+        # The same operations as (shifted - log(total), e / total), each written into an
+        # array of ours: recycled ones where z allows (pooled), else fresh.
+        shifted = np.subtract(z, z.max(axis=-1, keepdims=True), out=pooled(z))
+        e = np.exp(shifted, out=pooled(shifted))
         total = e.sum(axis=-1, keepdims=True)
-        return shifted - np.log(total), e / total
+        return np.subtract(shifted, np.log(total), out=shifted), np.divide(e, total, out=e)
 
 
 def _class_targets(name: str, t: Array, lead: tuple[int, ...], classes: int, ignore_index: int) -> tuple[Array, Array]:
@@ -96,7 +99,11 @@ def _indexed(name, logp, t, weight, ignore_index, reduction, smoothing):
 
     def dloss_dlogp(g):
         gi = spread(g.reshape(-1) if reduction == "none" else g, scale, per.shape)
-        grad = np.zeros_like(lp)
+        grad = pooled(lp)
+        if grad is None:
+            grad = np.zeros_like(lp)
+        else:
+            grad.fill(0)
         grad[rows, index] = -(1 - smoothing) * wt * gi
         if smoothing:
             grad -= (smoothing / classes) * (gi * valid)[:, None] * (1.0 if w is None else w)
@@ -191,7 +198,8 @@ def cross_entropy(
 
     def backward(g):
         d = dloss(g)
-        return (d - p * d.sum(axis=-1, keepdims=True),)
+        step = np.multiply(p, d.sum(axis=-1, keepdims=True), out=pooled(p, d))
+        return (np.subtract(d, step, out=step),)
 
     return Tensor._from_op(np.asarray(out, z.dtype), (logits,), backward)
 

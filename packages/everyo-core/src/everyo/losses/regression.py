@@ -9,7 +9,7 @@ import numpy as np
 
 from everyo.dispatch import FLOAT32, primitive
 from everyo.functional import _t
-from everyo.losses._common import check_reduction, float32_at_least, reduce, same_shape, spread
+from everyo.losses._common import check_reduction, float32_at_least, pooled, reduce, same_shape, spread
 from everyo.tensor import Tensor
 
 if TYPE_CHECKING:
@@ -32,14 +32,24 @@ def _pointwise(
     check_reduction(name, reduction)
     pred, target = float32_at_least(_t(pred), _t(target))
     same_shape(pred, target, name)
-    diff = pred.data - target.data
+    diff = np.subtract(pred.data, target.data, out=pooled(pred.data, target.data))
     out, scale = reduce(value(diff), reduction)
 
     def backward(g):
-        gp = spread(g, scale, diff.shape) * slope(diff)
+        factor, s = spread(g, scale, diff.shape), slope(diff)
+        into = pooled(diff) if np.result_type(factor, s) == diff.dtype else None
+        gp = np.multiply(factor, s, out=into)
         return gp, (-gp if target.requires_grad else None)
 
     return Tensor._from_op(np.asarray(out, dtype=diff.dtype), (pred, target), backward)
+
+
+def _square(d: Array) -> Array:
+    return np.multiply(d, d, out=pooled(d))  # d * d
+
+
+def _twice(d: Array) -> Array:
+    return np.multiply(2, d, out=pooled(d))  # 2 * d
 
 
 @primitive("mse_loss", FLOAT32, kind="loss", inputs=("pred", "target"))
@@ -58,7 +68,7 @@ def mse_loss(pred: TensorLike, target: TensorLike, reduction: str = "mean") -> T
         >>> eo.mse_loss(eo.tensor([1.0, 2.0]), eo.tensor([0.0, 0.0]), reduction="none").tolist()
         [1.0, 4.0]
     """
-    return _pointwise("mse_loss", pred, target, reduction, lambda d: d * d, lambda d: 2 * d)
+    return _pointwise("mse_loss", pred, target, reduction, _square, _twice)
 
 
 @primitive("l1_loss", FLOAT32, kind="loss", inputs=("pred", "target"))
