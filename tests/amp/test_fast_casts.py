@@ -17,7 +17,16 @@ import pytest
 
 import everyo.amp
 import everyo.half as half
+from everyo import kernel_table
 from everyo.amp.fast_casts import _CASTS, OnnxRuntimeCasts
+
+
+@pytest.fixture(autouse=True)
+def _converter_not_compiled_kernels():
+    """With everyo-kernels active its one-pass conversions come before any installed
+    converter (everyo.half); these tests are about the converter: kernels off."""
+    with kernel_table.disabled():
+        yield
 
 
 def test_importing_amp_installs_the_checked_onnxruntime_converter():

@@ -11,6 +11,15 @@ import numpy as np
 import pytest
 
 import everyo.half as half
+from everyo import kernel_table
+
+
+@pytest.fixture(autouse=True)
+def _converter_not_compiled_kernels():
+    """With everyo-kernels active its one-pass conversions come before any installed
+    converter (everyo.half); these tests are about the converter: kernels off."""
+    with kernel_table.disabled():
+        yield
 
 
 class _Careless:

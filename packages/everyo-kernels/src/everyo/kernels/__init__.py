@@ -25,6 +25,7 @@ from everyo.kernels.bfloat16 import bfloat16_codes, bfloat16_to_float, round_to_
 from everyo.kernels.conv import col2im, im2col
 from everyo.kernels.dense import add_bias, outer_product, relu_backward
 from everyo.kernels.embedding import embedding_backward
+from everyo.kernels.float16 import half_codes, half_to_float, round_to_half
 from everyo.kernels.gelu import gelu_backward, gelu_forward
 from everyo.kernels.optim import adam_update
 from everyo.kernels.pool import max_pool_backward, max_pool_forward
@@ -54,6 +55,9 @@ TABLE: dict[str, Callable[..., Any]] = {
     "bfloat16_codes": bfloat16_codes,
     "round_to_bfloat16": round_to_bfloat16,
     "bfloat16_to_float": bfloat16_to_float,
+    "half_codes": half_codes,
+    "round_to_half": round_to_half,
+    "half_to_float": half_to_float,
     "lstm_gates_in": lstm_gates_in,
     "lstm_gates_out": lstm_gates_out,
     "lstm_cell_backward": lstm_cell_backward,
