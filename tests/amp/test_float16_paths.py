@@ -13,19 +13,28 @@ from everyo.half import _exact_to_half, _float_to_half, _float_to_half_own, _hal
 ALL_HALF_CODES = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)
 
 
-@pytest.fixture(autouse=True, params=["onnxruntime", "numpy"])
+@pytest.fixture(autouse=True, params=["kernels", "onnxruntime", "numpy"])
 def converter(request):
-    """Every test here runs twice: with everyo-amp's onnxruntime converter installed in core
-    (onnxruntime is a dependency of this test cell, so it must work) and with core's own."""
+    """Every test here runs with everyo-amp's onnxruntime converter installed in core
+    (onnxruntime is a dependency of this test cell, so it must work) and with core's own,
+    everyo-kernels off; and as it comes, with everyo-kernels' conversions where they are
+    active (they come before an installed converter)."""
     import everyo.half as half
+    from everyo import kernel_table
     from everyo.amp.fast_casts import _CASTS
 
+    if request.param == "kernels":
+        if kernel_table.get("half_codes") is None:
+            pytest.skip(f"everyo-kernels' float16 conversions are not active: {kernel_table.kernels().reason}")
+        yield request.param
+        return
     if request.param == "onnxruntime":
         assert _CASTS._ready() is not None, _CASTS.status
         previous = half.set_cast_kernel(_CASTS)
     else:
         previous = half.set_cast_kernel(None)
-    yield request.param
+    with kernel_table.disabled():
+        yield request.param
     half.set_cast_kernel(previous)
 
 
@@ -227,7 +236,7 @@ def test_half_to_float_fast_path_keeps_inf_nan_and_layout():
     np.testing.assert_array_equal(_half_to_float(h).view(np.uint32), h.astype(np.float32).view(np.uint32))
 
 
-def test_float_to_half_takes_numpys_cast_only_when_the_sample_has_no_small_values(monkeypatch):
+def test_float_to_half_takes_numpys_cast_only_when_the_sample_has_no_small_values(monkeypatch, converter):
     # Both paths are exact; which one runs is a speed decision. Normal-range
     # data goes to astype, data with zeros or subnormals in the sample to the
     # arithmetic path (NumPy is slow on those), and the result is astype's.
@@ -236,6 +245,8 @@ def test_float_to_half_takes_numpys_cast_only_when_the_sample_has_no_small_value
     calls = []
     own = half._float_to_half_own
     monkeypatch.setattr(half, "_float_to_half_own", lambda x: calls.append(x.size) or own(x))
+    if converter == "kernels":
+        pytest.skip("with everyo-kernels the compiled conversion runs, whatever the sample")
     monkeypatch.setattr(half, "_kernel", None)  # the choice made without a converter installed
     rng = np.random.default_rng(3)
     normal = (rng.standard_normal(4096).astype(np.float32) + np.float32(8.0)).astype(np.float32)

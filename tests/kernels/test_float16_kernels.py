@@ -210,3 +210,8 @@ def test_float16_training_identical_with_and_without_kernels():
                 scaler.update()
         weights.append([p.data.copy() for p in model.parameters()])
     assert all(_same_bits(a, b) for a, b in zip(*weights))
+
+
+def test_cast_backend_names_the_kernels():
+    amp = pytest.importorskip("everyo.amp")
+    assert amp.cast_backend().startswith("everyo-kernels' one-pass conversions"), amp.cast_backend()

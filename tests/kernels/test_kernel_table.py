@@ -34,6 +34,9 @@ EXPECTED = {
     "gelu_backward",
     "adam_update",
     "embedding_backward",
+    "half_codes",
+    "round_to_half",
+    "half_to_float",
 }
 
 

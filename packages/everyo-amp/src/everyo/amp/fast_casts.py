@@ -174,9 +174,13 @@ def cast_backend() -> str:
 
     Example:
         >>> import everyo.amp
-        >>> everyo.amp.cast_backend().split()[0] in ("onnxruntime", "numpy", "not")
+        >>> everyo.amp.cast_backend().split()[0] in ("everyo-kernels'", "onnxruntime", "numpy", "not")
         True
     """
+    from everyo import kernel_table
+
+    if kernel_table.get("half_codes") is not None:  # core prefers these over any installed converter
+        return f"everyo-kernels' one-pass conversions ({kernel_table.kernels().reason})"
     if half._kernel is not _CASTS:
         reason = f"{_ENV}=numpy" if os.environ.get(_ENV, "").lower() == "numpy" else "no converter installed"
         return f"numpy ({reason})"
