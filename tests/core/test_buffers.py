@@ -1,5 +1,7 @@
 """Recycled result buffers (everyo._buffers): a buffer is reused only once nothing refers to it."""
 
+import sys
+
 import numpy as np
 import pytest
 
@@ -520,3 +522,15 @@ def test_embedding_rows_come_from_the_pool():
     np.testing.assert_array_equal(_bits(out.data), _bits(np.take(w.data, idx, axis=0)))
     with pytest.raises(EveryOIndexError):
         embedding(idx + 1, w)  # 65 is out of range: still refused, not clipped
+
+
+def test_dropout_backward_keeps_the_mask_not_the_input():
+    # The backward rebuilds the scaled mask from the boolean one; it must not also hold the
+    # input's array (under autocast everyo.nn._unread lets a float32 input go once nothing reads it:
+    # tests/amp/test_saved_activations.py counted one more float32 activation a layer).
+    h = eo.relu(_leaf(42))
+    x = h.data
+    before = sys.getrefcount(x)
+    y = eo.dropout(h, 0.3, True, np.random.default_rng(43))
+    assert _pooled(y.data)
+    assert sys.getrefcount(x) == before

@@ -1038,17 +1038,18 @@ def dropout(a: TensorLike, p: float = 0.5, training: bool = True, rng: np.random
         draws = rng.random(out=_buffers.empty(x.shape, np.float64))
         keep = np.greater_equal(draws, p, out=_buffers.empty(x.shape, np.bool_))
         del draws
+        shape, dtype = x.shape, x.dtype  # the closures keep these, not the input array itself
 
         def scaled() -> np.ndarray:
-            return np.multiply(keep, scale, out=_buffers.empty(x.shape, x.dtype))
+            return np.multiply(keep, scale, out=_buffers.empty(shape, dtype))
 
         def backward(g: np.ndarray) -> tuple[np.ndarray]:
             mask = scaled()
-            if type(g) is np.ndarray and g.shape == x.shape and g.dtype == x.dtype and g.flags.c_contiguous:
+            if type(g) is np.ndarray and g.shape == shape and g.dtype == dtype and g.flags.c_contiguous:
                 return (np.multiply(g, mask, out=mask),)
             return (g * mask,)
 
-        return Tensor._from_op(np.multiply(x, scaled(), out=_buffers.empty(x.shape, x.dtype)), (a,), backward)
+        return Tensor._from_op(np.multiply(x, scaled(), out=_buffers.empty(shape, dtype)), (a,), backward)
     keep = rng.random(x.shape) >= p
     # Backward keeps the boolean mask (a quarter of a float32 one) and rebuilds the scaled mask from it.
     return Tensor._from_op(a.data * (keep * scale), (a,), lambda g: (g * (keep * scale),))
