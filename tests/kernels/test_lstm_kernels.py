@@ -4,14 +4,18 @@ special values; gradients through the kernels against finite differences.
 
 Two sets of kernels: the whole time loop in one call (``lstm_forward_scan``,
 ``lstm_backward_scan``: unpadded batches, batch and hidden > 1) and the
-per-step ones (the rest: padding, a single row or unit)."""
+per-step ones (the rest: padding, a single row or unit). The whole-loop
+kernels may run the batch's rows in parts on several threads: the same bits."""
+
+import threading
 
 import numpy as np
 import pytest
 from conftest import count_calls
 
 import everyo as eo
-from everyo import kernel_table
+from everyo import _blas, kernel_table
+from everyo.kernels import _native, recurrent
 from everyo.recurrent_ops import lstm_scan
 from everyo.testing import check_gradients
 
@@ -194,3 +198,176 @@ class _nothing:
 
     def __exit__(self, *exc):
         return False
+
+
+# --- the whole-loop kernels on several threads (each a range of the batch's rows) ---------
+
+
+@pytest.fixture
+def split(monkeypatch):
+    """Let the scans split any batch (two rows a part at least) into ``threads`` parts on a
+    machine that is not busy; returns the (b0, b1) ranges each loop ran, per loop."""
+    ranges = {"forward": [], "backward": []}
+    monkeypatch.setattr(recurrent, "MIN_WORK", 0)
+    monkeypatch.setattr(recurrent, "MIN_ROWS", 2)
+    monkeypatch.setattr(_blas, "machine_busy", lambda: False)
+    for name, loop in (("forward", recurrent._lstm_forward), ("backward", recurrent._lstm_backward)):
+
+        def spy(*args, _loop=loop, _name=name):
+            ranges[_name].append(args[-2:])
+            return _loop(*args)
+
+        monkeypatch.setattr(recurrent, f"_lstm_{name}", spy)
+
+    def threads(n):
+        monkeypatch.setattr(recurrent, "blas_threads", lambda: n)
+        return ranges
+
+    return threads
+
+
+def _ranges(batch, parts):
+    cuts = [batch * p // parts for p in range(parts + 1)]
+    return sorted(zip(cuts, cuts[1:]))
+
+
+@pytest.mark.parametrize(
+    ("shape", "threads", "dtype"),
+    [
+        ((32, 50, 128), 2, np.float32),  # the benchmark's LSTM: two halves of 16 rows
+        ((5, 3, 7), 2, np.float32),  # parts of 2 and 3 rows; sizes no SIMD width divides
+        ((9, 4, 33), 3, np.float32),  # OpenBLAS 0.3.31 SkylakeX: parts' products differ, one part
+        ((7, 6, 300), 3, np.float32),  # products on BLAS's general path (not its small-matrix kernel)
+        ((64, 3, 128), 2, np.float32),  # the whole product on the general path, its halves not
+        ((4, 2, 2), 2, np.float64),
+        ((7, 5, 9), 4, np.float64),  # four threads allowed, but 7 rows make 3 parts of >= 2
+    ],
+)
+def test_rows_on_threads_bit_identical(monkeypatch, split, shape, threads, dtype):
+    # Split wherever BLAS's parts agree with its whole product; the bits are the NumPy path's.
+    batch, steps, hidden = shape
+    ranges = split(threads)
+    parts = min(threads, batch // 2)
+    if not recurrent._rows_agree(dtype, batch, hidden, parts):
+        parts = 1
+    for reverse in (False, True):
+        operands = _operands(np.random.default_rng(11), batch, steps, hidden, dtype, reverse)
+        with kernel_table.disabled():
+            want = _run(*operands, reverse=reverse)
+        calls = count_calls(monkeypatch, KERNELS)
+        _assert_same_bits(_run(*operands, reverse=reverse), want)
+        assert calls == _expected_calls(batch, steps, hidden), calls
+        for loop in ("forward", "backward"):  # every part of the batch ran, each once
+            assert sorted(ranges[loop]) == _ranges(batch, parts), (loop, ranges[loop])
+            ranges[loop].clear()
+
+
+def test_rows_on_threads_special_values_and_final_state_only(split):
+    # nan, inf, subnormals in one part's rows only; no gradient reaching the outputs.
+    ranges = split(2)
+    xp, h0, c0, w = _operands(np.random.default_rng(12), 6, 4, 5, np.float32, False)
+    tiny = np.finfo(np.float32).smallest_subnormal
+    xp[4, 1, :5] = (np.nan, np.inf, -np.inf, tiny, 1e30)
+    h0[5, :2] = (-0.0, np.nan)
+
+    def run():
+        tensors = [eo.tensor(a, requires_grad=True) for a in (xp, h0, c0, w)]
+        _, h_last, c_last = lstm_scan(*tensors)
+        ((h_last * h_last).sum() + (c_last * 3).sum()).backward()
+        return [h_last.data, c_last.data] + [t.grad for t in tensors]
+
+    with np.errstate(all="ignore"):
+        with kernel_table.disabled():
+            want = run()
+        got = run()
+    _assert_same_bits(got, want)
+    assert np.isnan(got[0][:3]).sum() == 0 and np.isnan(got[0][3:]).any()  # the NaNs stayed in their part
+    assert sorted(ranges["forward"]) == sorted(ranges["backward"]) == [(0, 3), (3, 6)]
+
+
+def test_two_python_threads_calling_the_split_scans(split):
+    # Each call runs its rows on threads of its own: two callers at once get their own bits.
+    ranges = split(2)
+    cases = [_operands(np.random.default_rng(20 + k), 8, 6, 16, np.float32, False) for k in range(2)]
+    with kernel_table.disabled():
+        want = [_run(*operands) for operands in cases]
+    got: list = [None, None]
+
+    def worker(k):
+        for _ in range(5):
+            got[k] = _run(*cases[k])
+
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for k in range(2):
+        _assert_same_bits(got[k], want[k])
+    assert len(ranges["forward"]) == 2 * 2 * 5
+
+
+def test_gradients_through_split_scans_match_finite_differences(monkeypatch, split):
+    ranges = split(2)
+    calls = count_calls(monkeypatch, SCANS)
+    rng = np.random.default_rng(13)
+    B, T, H = 4, 3, 3
+    check_gradients(
+        lambda xp, h0, c0, w: tuple(lstm_scan(xp, h0, c0, w)),
+        [
+            rng.standard_normal((B, T, 4 * H)),
+            rng.standard_normal((B, H)),
+            rng.standard_normal((B, H)),
+            0.5 * rng.standard_normal((H, 4 * H)),
+        ],
+        name="lstm_scan (kernels, rows on two threads)",
+    )
+    assert calls["lstm_backward_scan"] > 0
+    assert set(ranges["forward"]) == set(ranges["backward"]) == {(0, 2), (2, 4)}
+
+
+def test_rows_agree_compares_parts_with_the_whole_product(monkeypatch):
+    # A BLAS whose parts differ from its whole product is found out (and remembered).
+    monkeypatch.setattr(recurrent, "_agree", {})
+    matmul = np.matmul
+
+    def off_by_rows(a, b):  # a BLAS whose rows' bits depend on how many rows it is given
+        return matmul(a, b) * (1 + a.shape[0] * np.finfo(a.dtype).eps)
+
+    monkeypatch.setattr(recurrent.np, "matmul", off_by_rows)
+    assert not recurrent._rows_agree(np.float32, 32, 128, 2)
+    assert recurrent._agree == {("float32", 32, 128, 2): False}
+
+
+def test_a_disagreeing_blas_runs_one_part(monkeypatch, split):
+    ranges = split(2)
+    monkeypatch.setattr(recurrent, "_rows_agree", lambda *shape: False)
+    operands = _operands(np.random.default_rng(14), 6, 3, 8, np.float32, False)
+    with kernel_table.disabled():
+        want = _run(*operands)
+    _assert_same_bits(_run(*operands), want)
+    assert ranges["forward"] == ranges["backward"] == [(0, 6)]
+
+
+def test_one_part_unless_threads_cores_and_work_allow_more(monkeypatch):
+    monkeypatch.setattr(_blas, "machine_busy", lambda: False)
+    monkeypatch.setattr(recurrent, "blas_threads", lambda: 2)
+    assert recurrent._parts(32, 128, 50) == 2  # the benchmark's LSTM on an idle 2-core machine
+    assert recurrent._parts(32, 128, 1) == 1  # too little work for a second thread
+    assert recurrent._parts(12, 128, 50) == 1  # 6-row parts: fewer than MIN_ROWS
+    assert recurrent._parts(64, 512, 50) == 1  # products OpenBLAS splits over its own threads
+    monkeypatch.setattr(recurrent, "blas_threads", lambda: 1)  # a spawn worker, threadpool_limits(1)
+    assert recurrent._parts(32, 128, 50) == 1
+    monkeypatch.setattr(recurrent, "blas_threads", lambda: 2)
+    monkeypatch.setattr(_blas, "machine_busy", lambda: True)
+    assert recurrent._parts(32, 128, 50) == 1
+
+
+def test_blas_threads_reads_the_count_threadpoolctl_sets():
+    threadpoolctl = pytest.importorskip("threadpoolctl")
+    openblas = [p for p in threadpoolctl.threadpool_info() if p["internal_api"] == "openblas"]
+    if not openblas:
+        pytest.skip("NumPy's BLAS is not OpenBLAS")
+    assert _native.blas_threads() == openblas[0]["num_threads"]
+    with threadpoolctl.threadpool_limits(1):
+        assert _native.blas_threads() == 1

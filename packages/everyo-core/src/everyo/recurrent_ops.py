@@ -294,9 +294,8 @@ def lstm_scan(
     # The whole loop in one compiled call (same products and tanh as below, so the same
     # bits), where NumPy's matmul would make a (B, H) @ (H, H) BLAS product (B, H > 1).
     scan = _compiled_scan("lstm_forward_scan", compiled, ended, batch, steps, H)
-    if scan is not None:
-        with _blas.threads_for(batch * H * H):
-            scan(x4, w4, c, acts, cs, tanh_cs, prev, h_last, reverse)
+    if scan is not None:  # it applies _blas's thread rule to its products itself
+        scan(x4, w4, c, acts, cs, tanh_cs, prev, h_last, reverse)
         c = cs[last]
     for t in _order(steps, reverse) if scan is None else ():
         rows = None if ended is None else ended[t]
@@ -356,8 +355,7 @@ def lstm_scan(
         scan = _compiled_scan("lstm_backward_scan", cell, ended, batch, steps, H)
         if scan is not None and (g_seq is None or g_seq.dtype == dt):
             g = None if g_seq is None else np.ascontiguousarray(g_seq)
-            with _blas.threads_for(batch * H * H):
-                scan(acts, tanh_cs, cs, c_first, w4_t, g, dh, dc, d_acts, reverse)
+            scan(acts, tanh_cs, cs, c_first, w4_t, g, dh, dc, d_acts, reverse)
             steps_left = ()
         else:
             steps_left = _order(steps, not reverse)

@@ -32,7 +32,7 @@ from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
 
-__all__ = ["AVAILABLE", "gemm_address", "ufunc_loop", "gemm", "ufunc_call"]
+__all__ = ["AVAILABLE", "blas_threads", "gemm_address", "ufunc_loop", "gemm", "ufunc_call"]
 
 _CALL_INFO = b"numpy_1.24_ufunc_call_info"
 _keep: list[Any] = []  # the loops' capsules (their context and auxdata must outlive every call)
@@ -43,9 +43,13 @@ _capsule_pointer = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.py_object, ctypes.c
 )
 
 
+_thread_count: Any = None  # OpenBLAS's openblas_get_num_threads, once found
+
+
 def _gemm_addresses() -> dict[str, int]:
     """``{"float32": &cblas_sgemm, "float64": &cblas_dgemm}`` as NumPy links them
     (64-bit BLAS integers: NumPy's scipy-openblas64 wheels), or empty."""
+    global _thread_count
     umath: Any = importlib.import_module("numpy._core._multiarray_umath")  # NumPy's extension module
     try:
         lib = ctypes.CDLL(umath.__file__)
@@ -56,8 +60,19 @@ def _gemm_addresses() -> dict[str, int]:
         if s is not None and d is not None:
             s_address, d_address = ctypes.cast(s, ctypes.c_void_p).value, ctypes.cast(d, ctypes.c_void_p).value
             if s_address and d_address:
+                count = getattr(lib, f"{prefix}openblas_get_num_threads{suffix}", None)
+                if count is not None:  # this CDLL object is ours alone: its function objects too
+                    count.restype, count.argtypes = ctypes.c_int, []
+                    _thread_count = count
                 return {"float32": s_address, "float64": d_address}
     return {}
+
+
+def blas_threads() -> int:
+    """The thread count of the BLAS whose gemm :func:`gemm` calls, as set now
+    (``OPENBLAS_NUM_THREADS``, ``threadpool_limits``, a ``spawn`` worker's one
+    thread); 1 where it cannot be read."""
+    return max(1, int(_thread_count())) if _thread_count is not None else 1
 
 
 def ufunc_loop(ufunc: np.ufunc, dtype: Any) -> np.ndarray:

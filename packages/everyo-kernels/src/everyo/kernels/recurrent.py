@@ -17,24 +17,25 @@ gradient checker); the scan makes its operands so before calling.
 
 from __future__ import annotations
 
+import threading
+from typing import Any
+
 import numpy as np
 
-from everyo.kernels._jit import kernel
-from everyo.kernels._native import TANH, gemm, gemm_address, ufunc_call
+from everyo import _blas
+from everyo.kernels._jit import helper, kernel
+from everyo.kernels._native import TANH, blas_threads, gemm, gemm_address, ufunc_call
 
 __all__ = ["lstm_gates_in", "lstm_gates_out", "lstm_cell_backward", "lstm_forward_scan", "lstm_backward_scan"]
 
 _f = np.float32  # constants 0.5 and 1 (exact in either type)
 
 
-@kernel
-def lstm_gates_in(a4, x, t):
-    """Before the step's ``tanh``: ``a4`` (4, B, H) holds ``h @ W_hh`` per gate;
-    adds step ``t`` of the input projection ``x`` (B, T, 4, H) and halves the
-    sigmoid gates (i, f, o), in place."""
+@helper
+def _gates_in(a4, x, t, b0, b1):
     half = _f(0.5)
-    batch, hidden = a4.shape[1], a4.shape[2]
-    for b in range(batch):
+    hidden = a4.shape[2]
+    for b in range(b0, b1):
         for k in range(4):
             gate, xk = a4[k, b], x[b, t, k]
             if k == 2:
@@ -45,13 +46,11 @@ def lstm_gates_in(a4, x, t):
                     gate[j] = (gate[j] + xk[j]) * half
 
 
-@kernel
-def lstm_gates_out(a4, c, c_out):
-    """After ``np.tanh(a4)``: finishes the sigmoids (``0.5 + 0.5 tanh``) and
-    writes the new cell state ``f * c + i * g`` into ``c_out``."""
+@helper
+def _gates_out(a4, c, c_out, b0, b1):
     half = _f(0.5)
-    batch, hidden = c.shape
-    for b in range(batch):
+    hidden = c.shape[1]
+    for b in range(b0, b1):
         for k in (0, 1, 3):
             gate = a4[k, b]
             for j in range(hidden):
@@ -62,16 +61,11 @@ def lstm_gates_out(a4, c, c_out):
             cn[j] = f[j] * cb[j] + i[j] * g[j]
 
 
-@kernel
-def lstm_cell_backward(a4, tc, c_prev, dh, dc, d_step):
-    """One backward step. ``a4`` (4, B, H): the step's activated gates;
-    ``tc`` (B, H): tanh of its cell state; ``c_prev``: the state before it;
-    ``dh`` (B, H): the gradient of its hidden state; ``dc`` (B, H): of its cell
-    state in, of the previous cell state out; ``d_step`` (4, B, H) out: the
-    gradients of the pre-activations (i, f, g, o)."""
+@helper
+def _cell_backward(a4, tc, c_prev, dh, dc, d_step, b0, b1):
     one = _f(1.0)
-    batch, hidden = tc.shape
-    for b in range(batch):
+    hidden = tc.shape[1]
+    for b in range(b0, b1):
         for j in range(hidden):
             i = a4[0, b, j]
             f = a4[1, b, j]
@@ -87,6 +81,31 @@ def lstm_cell_backward(a4, tc, c_prev, dh, dc, d_step):
             dc[b, j] = c_grad * f
 
 
+@kernel
+def lstm_gates_in(a4, x, t):
+    """Before the step's ``tanh``: ``a4`` (4, B, H) holds ``h @ W_hh`` per gate;
+    adds step ``t`` of the input projection ``x`` (B, T, 4, H) and halves the
+    sigmoid gates (i, f, o), in place."""
+    _gates_in(a4, x, t, 0, a4.shape[1])
+
+
+@kernel
+def lstm_gates_out(a4, c, c_out):
+    """After ``np.tanh(a4)``: finishes the sigmoids (``0.5 + 0.5 tanh``) and
+    writes the new cell state ``f * c + i * g`` into ``c_out``."""
+    _gates_out(a4, c, c_out, 0, c.shape[0])
+
+
+@kernel
+def lstm_cell_backward(a4, tc, c_prev, dh, dc, d_step):
+    """One backward step. ``a4`` (4, B, H): the step's activated gates;
+    ``tc`` (B, H): tanh of its cell state; ``c_prev``: the state before it;
+    ``dh`` (B, H): the gradient of its hidden state; ``dc`` (B, H): of its cell
+    state in, of the previous cell state out; ``d_step`` (4, B, H) out: the
+    gradients of the pre-activations (i, f, g, o)."""
+    _cell_backward(a4, tc, c_prev, dh, dc, d_step, 0, tc.shape[0])
+
+
 # --- whole time loops (``lstm_forward_scan``, ``lstm_backward_scan``) ---------------------
 # The scan's Python loop costs, per step, a BLAS call through NumPy's matmul, two NumPy
 # tanh calls, the kernels above and several views: tens of microseconds of interpreter
@@ -94,65 +113,149 @@ def lstm_cell_backward(a4, tc, c_prev, dh, dc, d_step):
 # doing what the NumPy path does in the same order: the products through the BLAS
 # function NumPy's matmul calls, with its arguments, and the tanh through NumPy's own
 # loop (``_native``). So the results stay bit-identical.
+#
+# The batch's rows never meet in an LSTM (each row's states depend only on its own
+# inputs), so the loops take a range of rows, ``b0:b1``, and the scans may run the batch
+# as a few such ranges on as many threads at once (:func:`_parts`). NumPy's tanh loop
+# gives each element the same bits whatever the length of the call; BLAS's products
+# mostly do too, but not always: OpenBLAS 0.3.31 (SkylakeX kernels) gives some rows
+# other bits in a (3, 33) @ (33, 33) product than in the (9, 33) @ (33, 33) one they
+# belong to (its small-matrix and general kernels sum in other orders for some sizes),
+# while every (M, 128) @ (128, 128) product with M >= 2 agrees. So the rows are split
+# only where :func:`_rows_agree` found, once per shape, that the parts' products give
+# the whole product's bits (a range has two rows or more: one row would be gemv).
 
 
 @kernel
-def _lstm_forward(blas, tanh, x, w4, c0, acts, cs, tanh_cs, prev, h_last, reverse):
+def _lstm_forward(blas, tanh, x, w4, c0, acts, cs, tanh_cs, prev, h_last, reverse, b0, b1):
     steps, _, batch, hidden = acts.shape
+    rows = b1 - b0
     lda = prev.shape[1] * hidden  # h is prev[:, t]: rows T * H apart
     ahead = -1 if reverse else 1
     for s in range(steps):
         t = steps - 1 - s if reverse else s
         a4 = acts[t]
-        h = prev[:, t]
+        h = prev[b0:b1, t]
         for k in range(4):
-            gemm(blas, batch, hidden, hidden, h, lda, w4[k], hidden, a4[k], hidden)
-        lstm_gates_in(a4, x, t)
-        ufunc_call(tanh, a4, a4, a4.size)
+            gemm(blas, rows, hidden, hidden, h, lda, w4[k], hidden, a4[k, b0:b1], hidden)
+        _gates_in(a4, x, t, b0, b1)
+        if rows == batch:
+            ufunc_call(tanh, a4, a4, a4.size)
+        else:  # the same loop, element for element, over each gate's block of these rows
+            for k in range(4):
+                ufunc_call(tanh, a4[k, b0:b1], a4[k, b0:b1], rows * hidden)
         if s == 0:
-            lstm_gates_out(a4, c0, cs[t])
+            _gates_out(a4, c0, cs[t], b0, b1)
         else:
-            lstm_gates_out(a4, cs[t - ahead], cs[t])
+            _gates_out(a4, cs[t - ahead], cs[t], b0, b1)
         tc = tanh_cs[t]
-        ufunc_call(tanh, cs[t], tc, tc.size)
+        ufunc_call(tanh, cs[t, b0:b1], tc[b0:b1], rows * hidden)
         o = a4[3]
         if s == steps - 1:
-            for b in range(batch):
+            for b in range(b0, b1):
                 for j in range(hidden):
                     h_last[b, j] = o[b, j] * tc[b, j]
         else:
             out = prev[:, t + ahead]
-            for b in range(batch):
+            for b in range(b0, b1):
                 for j in range(hidden):
                     out[b, j] = o[b, j] * tc[b, j]
 
 
 @kernel
-def _lstm_backward(blas, acts, tanh_cs, cs, c0, w4_t, g, has_g, dh, dc, d_step, back, d_acts, reverse):
+def _lstm_backward(blas, acts, tanh_cs, cs, c0, w4_t, g, has_g, dh, dc, d_step, back, d_acts, reverse, b0, b1):
     steps, _, batch, hidden = acts.shape
+    rows = b1 - b0
     ahead = -1 if reverse else 1
     first = steps - 1 if reverse else 0
     for s in range(steps):
         t = s if reverse else steps - 1 - s
         if has_g:
-            for b in range(batch):
+            for b in range(b0, b1):
                 for j in range(hidden):
                     dh[b, j] = dh[b, j] + g[b, t, j]
         if t == first:
-            lstm_cell_backward(acts[t], tanh_cs[t], c0, dh, dc, d_step)
+            _cell_backward(acts[t], tanh_cs[t], c0, dh, dc, d_step, b0, b1)
         else:
-            lstm_cell_backward(acts[t], tanh_cs[t], cs[t - ahead], dh, dc, d_step)
-        for b in range(batch):
+            _cell_backward(acts[t], tanh_cs[t], cs[t - ahead], dh, dc, d_step, b0, b1)
+        for b in range(b0, b1):
             for k in range(4):
                 row, src = d_acts[b, t, k], d_step[k, b]
                 for j in range(hidden):
                     row[j] = src[j]
         for k in range(4):
-            gemm(blas, batch, hidden, hidden, d_step[k], hidden, w4_t[k], hidden, back[k], hidden)
+            gemm(blas, rows, hidden, hidden, d_step[k, b0:b1], hidden, w4_t[k], hidden, back[k, b0:b1], hidden)
         # np.add.reduce(back, 0): the first gate's block, then each next one added in turn
-        for b in range(batch):
+        for b in range(b0, b1):
             for j in range(hidden):
                 dh[b, j] = ((back[0, b, j] + back[1, b, j]) + back[2, b, j]) + back[3, b, j]
+
+
+MIN_ROWS = 8  # rows of each thread's part: fewer make BLAS's per-call cost dominate
+MIN_WORK = 1 << 24  # steps * B * H * H below this (~0.5 ms of products): one thread
+
+
+def _parts(batch: int, hidden: int, steps: int) -> int:
+    """How many threads run a scan's rows: one, unless the machine has cores to
+    spare. More only where (a) core's thread rule gives the step's products one
+    BLAS thread (``B * H * H`` below ``_blas.SMALL_MNK``: larger ones OpenBLAS
+    splits itself), (b) BLAS may use more than one thread in this process (a
+    ``spawn`` worker's or ``threadpool_limits(1)``'s single thread is kept),
+    (c) the machine is not busy (``_blas.machine_busy``: a second thread waiting
+    for a core costs more than it saves) and (d) there is work enough
+    (``MIN_WORK``, ``MIN_ROWS`` rows a part)."""
+    if batch * hidden * hidden >= _blas.SMALL_MNK or steps * batch * hidden * hidden < MIN_WORK:
+        return 1
+    parts = min(blas_threads(), batch // MIN_ROWS)
+    if parts < 2 or _blas.machine_busy():
+        return 1
+    return parts
+
+
+_agree: dict[tuple[str, int, int, int], bool] = {}
+
+
+def _cuts(batch: int, parts: int) -> list[int]:
+    return [batch * p // parts for p in range(parts + 1)]
+
+
+def _rows_agree(dtype: Any, batch: int, hidden: int, parts: int) -> bool:
+    """Whether BLAS gives each part of a (B, H) @ (H, H) product, computed alone, the
+    bits it has in the whole product (random operands, BLAS's thread count as set
+    now); asked once per shape and remembered."""
+    key = (np.dtype(dtype).name, batch, hidden, parts)
+    if key not in _agree:
+        rng = np.random.default_rng(0)
+        a = rng.standard_normal((batch, hidden)).astype(dtype)
+        w = rng.standard_normal((hidden, hidden)).astype(dtype)
+        whole = np.matmul(a, w)
+        cuts = _cuts(batch, parts)
+        split = np.concatenate([np.matmul(a[b0:b1], w) for b0, b1 in zip(cuts, cuts[1:])])
+        _agree[key] = bool(np.array_equal(whole.view(np.uint8), split.view(np.uint8)))
+    return _agree[key]
+
+
+def _run(loop: Any, args: tuple, dtype: Any, batch: int, hidden: int, steps: int) -> None:
+    """``loop(*args, b0, b1)`` over the batch's rows, in :func:`_parts` ranges on
+    as many threads (the caller's and new ones; the kernels release the GIL),
+    under core's BLAS thread rule for the whole batch's products (as the NumPy
+    path runs them)."""
+    with _blas.threads_for(batch * hidden * hidden):
+        parts = _parts(batch, hidden, steps)
+        if parts > 1 and not _rows_agree(dtype, batch, hidden, parts):
+            parts = 1
+        if parts == 1:
+            loop(*args, 0, batch)
+            return
+        cuts = _cuts(batch, parts)
+        helpers = [threading.Thread(target=loop, args=(*args, cuts[p], cuts[p + 1])) for p in range(1, parts)]
+        for helper_thread in helpers:
+            helper_thread.start()
+        try:
+            loop(*args, 0, cuts[1])
+        finally:
+            for helper_thread in helpers:
+                helper_thread.join()
 
 
 def lstm_forward_scan(x, w4, c0, acts, cs, tanh_cs, prev, h_last, reverse):
@@ -162,19 +265,24 @@ def lstm_forward_scan(x, w4, c0, acts, cs, tanh_cs, prev, h_last, reverse):
     blocks; ``c0`` (B, H); out: ``acts`` (T, 4, B, H) the activated gates, ``cs``
     and ``tanh_cs`` (T, B, H) the cell states and their tanh, ``prev`` (B, T, H)
     the state before each step (``prev[:, first]`` holds h0 on entry) and
-    ``h_last`` (B, H). All C-contiguous, one dtype (float32 or float64), B, H > 1."""
+    ``h_last`` (B, H). All C-contiguous, one dtype (float32 or float64), B, H > 1.
+    Applies core's BLAS thread rule itself (:func:`_run`)."""
     dt = acts.dtype
-    _lstm_forward(gemm_address(dt), TANH[dt.name], x, w4, c0, acts, cs, tanh_cs, prev, h_last, reverse)
+    steps, _, batch, hidden = acts.shape
+    args = (gemm_address(dt), TANH[dt.name], x, w4, c0, acts, cs, tanh_cs, prev, h_last, reverse)
+    _run(_lstm_forward, args, dt, batch, hidden, steps)
 
 
 def lstm_backward_scan(acts, tanh_cs, cs, c0, w4_t, g, dh, dc, d_acts, reverse):
     """The backward time loop of ``lstm_scan`` (no padding), in one call: ``g``
     (B, T, H) the outputs' gradient or None; ``dh``, ``dc`` (B, H) the final
     states' gradients in, the initial states' out; ``d_acts`` (B, T, 4, H) out:
-    the gates' pre-activation gradients. ``w4_t``: each gate block transposed."""
+    the gates' pre-activation gradients. ``w4_t``: each gate block transposed.
+    Applies core's BLAS thread rule itself (:func:`_run`)."""
     dt = acts.dtype
-    batch, hidden = dh.shape
+    steps, _, batch, hidden = acts.shape
     d_step, back = np.empty((4, batch, hidden), dt), np.empty((4, batch, hidden), dt)
     has_g = g is not None
     g = g if has_g else np.zeros((1, 1, 1), dt)
-    _lstm_backward(gemm_address(dt), acts, tanh_cs, cs, c0, w4_t, g, has_g, dh, dc, d_step, back, d_acts, reverse)
+    args = (gemm_address(dt), acts, tanh_cs, cs, c0, w4_t, g, has_g, dh, dc, d_step, back, d_acts, reverse)
+    _run(_lstm_backward, args, dt, batch, hidden, steps)
