@@ -371,3 +371,33 @@ def test_blas_threads_reads_the_count_threadpoolctl_sets():
     assert _native.blas_threads() == openblas[0]["num_threads"]
     with threadpoolctl.threadpool_limits(1):
         assert _native.blas_threads() == 1
+
+
+def test_scans_split_at_the_blas_thread_count_the_user_set(monkeypatch):
+    # Nothing faked but the machine's load: OpenBLAS's own count (read before core's rule
+    # sets one thread for the products) decides, two threads give two parts, one gives one.
+    threadpoolctl = pytest.importorskip("threadpoolctl")
+    monkeypatch.setattr(_blas, "machine_busy", lambda: False)
+    monkeypatch.setattr(recurrent, "MIN_WORK", 0)
+    ranges = []
+    loop = recurrent._lstm_forward
+
+    def spy(*args):
+        ranges.append(args[-2:])
+        return loop(*args)
+
+    monkeypatch.setattr(recurrent, "_lstm_forward", spy)
+    operands = _operands(np.random.default_rng(15), 32, 3, 128, np.float32, False)
+    with kernel_table.disabled():
+        want = _run(*operands)
+    with threadpoolctl.threadpool_limits(2):
+        if _native.blas_threads() != 2:
+            pytest.skip("NumPy's BLAS does not take two threads here")
+        got = _run(*operands)
+    _assert_same_bits(got, want)
+    two = recurrent._rows_agree(np.float32, 32, 128, 2)
+    assert sorted(ranges) == ([(0, 16), (16, 32)] if two else [(0, 32)])
+    ranges.clear()
+    with threadpoolctl.threadpool_limits(1):
+        _assert_same_bits(_run(*operands), want)
+    assert ranges == [(0, 32)]

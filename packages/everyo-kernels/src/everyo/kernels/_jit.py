@@ -11,7 +11,9 @@
   by operation, in the order written (no FMA contraction, no reassociation),
   which is what makes a kernel bit-identical to NumPy's passes.
 - ``parallel=False``: one thread; the arrays of a cell step are small (32 x
-  512 values) and the steps are sequential.
+  512 values) and the steps are sequential. ``nogil=True``: where two threads
+  pay (the LSTM's whole-loop scans, on two ranges of the batch's rows), the
+  caller runs a kernel on plain Python threads (``everyo.kernels.recurrent``).
 
 Kernels compile (or load from the cache) at their first call, for the types
 and layouts they are called with: core calls each with C-contiguous arrays of
