@@ -208,6 +208,7 @@ def split(monkeypatch):
     """Let the scans split any batch (two rows a part at least) into ``threads`` parts on a
     machine that is not busy; returns the (b0, b1) ranges each loop ran, per loop."""
     ranges = {"forward": [], "backward": []}
+    monkeypatch.setattr(recurrent, "THREADS", 4)
     monkeypatch.setattr(recurrent, "MIN_WORK", 0)
     monkeypatch.setattr(recurrent, "MIN_ROWS", 2)
     monkeypatch.setattr(_blas, "machine_busy", lambda: False)
@@ -352,6 +353,8 @@ def test_a_disagreeing_blas_runs_one_part(monkeypatch, split):
 def test_one_part_unless_threads_cores_and_work_allow_more(monkeypatch):
     monkeypatch.setattr(_blas, "machine_busy", lambda: False)
     monkeypatch.setattr(recurrent, "blas_threads", lambda: 2)
+    assert recurrent.THREADS == 1 and recurrent._parts(32, 128, 50) == 1  # off unless switched on
+    monkeypatch.setattr(recurrent, "THREADS", 2)
     assert recurrent._parts(32, 128, 50) == 2  # the benchmark's LSTM on an idle 2-core machine
     assert recurrent._parts(32, 128, 1) == 1  # too little work for a second thread
     assert recurrent._parts(12, 128, 50) == 1  # 6-row parts: fewer than MIN_ROWS
@@ -378,6 +381,7 @@ def test_scans_split_at_the_blas_thread_count_the_user_set(monkeypatch):
     # sets one thread for the products) decides, two threads give two parts, one gives one.
     threadpoolctl = pytest.importorskip("threadpoolctl")
     monkeypatch.setattr(_blas, "machine_busy", lambda: False)
+    monkeypatch.setattr(recurrent, "THREADS", 2)
     monkeypatch.setattr(recurrent, "MIN_WORK", 0)
     ranges = []
     loop = recurrent._lstm_forward

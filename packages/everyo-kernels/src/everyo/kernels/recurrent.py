@@ -115,8 +115,8 @@ def lstm_cell_backward(a4, tc, c_prev, dh, dc, d_step):
 # loop (``_native``). So the results stay bit-identical.
 #
 # The batch's rows never meet in an LSTM (each row's states depend only on its own
-# inputs), so the loops take a range of rows, ``b0:b1``, and the scans may run the batch
-# as a few such ranges on as many threads at once (:func:`_parts`). NumPy's tanh loop
+# inputs), so the loops take a range of rows, ``b0:b1``, and the scans can run the batch
+# as a few such ranges on as many threads at once (:func:`_parts`; off: ``THREADS``). NumPy's tanh loop
 # gives each element the same bits whatever the length of the call; BLAS's products
 # mostly do too, but not always: OpenBLAS 0.3.31 (SkylakeX kernels) gives some rows
 # other bits in a (3, 33) @ (33, 33) product than in the (9, 33) @ (33, 33) one they
@@ -191,6 +191,12 @@ def _lstm_backward(blas, acts, tanh_cs, cs, c0, w4_t, g, has_g, dh, dc, d_step, 
                 dh[b, j] = ((back[0, b, j] + back[1, b, j]) + back[2, b, j]) + back[3, b, j]
 
 
+# The most threads a scan runs its rows on. 1 (off): in the benchmark's LSTM training step
+# two threads were slower on the development machine (2 cores, a VM): OpenBLAS's worker
+# spins on the second core for ~0.1 s after each of the step's large two-thread products
+# (input projection, weight gradients), and an idle second core took milliseconds to join
+# in; only back to back, on a free core, did the forward scan run 1.7x faster (README).
+THREADS = 1
 MIN_ROWS = 8  # rows of each thread's part: fewer make BLAS's per-call cost dominate
 MIN_WORK = 1 << 24  # steps * B * H * H below this (~0.5 ms of products): one thread
 
@@ -203,10 +209,10 @@ def _parts(batch: int, hidden: int, steps: int) -> int:
     ``spawn`` worker's or ``threadpool_limits(1)``'s single thread is kept),
     (c) the machine is not busy (``_blas.machine_busy``: a second thread waiting
     for a core costs more than it saves) and (d) there is work enough
-    (``MIN_WORK``, ``MIN_ROWS`` rows a part)."""
+    (``MIN_WORK``, ``MIN_ROWS`` rows a part); and never more than ``THREADS``."""
     if batch * hidden * hidden >= _blas.SMALL_MNK or steps * batch * hidden * hidden < MIN_WORK:
         return 1
-    parts = min(blas_threads(), batch // MIN_ROWS)
+    parts = min(THREADS, blas_threads(), batch // MIN_ROWS)
     if parts < 2 or _blas.machine_busy():
         return 1
     return parts
