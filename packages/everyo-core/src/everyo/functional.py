@@ -856,10 +856,18 @@ def _reshaped(data: np.ndarray, shape: tuple[Any, ...]) -> np.ndarray:
         return data.reshape(shape)
     try:
         return data.reshape(shape, copy=False)
+    except TypeError:  # NumPy 2.0: reshape has no copy= (2.1 added it); setting .shape never copies
+        view = data.view()
+        try:
+            view.shape = shape  # a wrong size raises ValueError (-> EveryOShapeError)
+            return view
+        except AttributeError:  # no view of this layout has that shape: copy below
+            pass
     except ValueError:
-        copy = _buffers.empty(data.shape, data.dtype)
-        np.copyto(copy, data)
-        return copy.reshape(shape)  # (an impossible shape raises NumPy's own error here)
+        pass
+    copy = _buffers.empty(data.shape, data.dtype)
+    np.copyto(copy, data)
+    return copy.reshape(shape)  # (an impossible shape raises NumPy's own error here)
 
 
 def _moves(op, move):
