@@ -416,9 +416,9 @@ NORMALIZE_CASES = {
 @pytest.mark.parametrize("case", sorted(NORMALIZE_CASES))
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_normalize_keeps_its_bits(case, dtype, monkeypatch):
-    # The same op with the pool turned off (_into gives None: the fresh arrays of before):
+    # The same op with the pool turned off (_buffers.out_for gives None: the fresh arrays of before):
     # every output and gradient has the same bits, pooled or not, contiguous input or not.
-    normalization_ops = _numpy_normalize(monkeypatch)
+    _numpy_normalize(monkeypatch)
     from everyo.normalization_ops import normalize
 
     shape, axis, pshape, given, transposed = NORMALIZE_CASES[case]
@@ -437,7 +437,7 @@ def test_normalize_keeps_its_bits(case, dtype, monkeypatch):
         return [y.data.copy(), x.grad.copy()] + [p.grad.copy() for p in params if p is not None]
 
     pooled = run()
-    monkeypatch.setattr(normalization_ops, "_into", lambda *args: None)
+    monkeypatch.setattr(_buffers, "out_for", lambda *args, **kwargs: None)
     fresh = run()
     view = np.uint64 if dtype == np.float64 else np.uint32
     for new, old in zip(pooled, fresh, strict=True):
@@ -482,10 +482,8 @@ def test_cross_entropy_and_its_gradient_come_from_the_pool(smoothing):
 
 @pytest.mark.parametrize("name", ["mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss"])
 def test_pointwise_losses_keep_their_bits(name, monkeypatch):
-    # With the pool off (pooled gives None: the fresh arrays of before) every loss and
-    # gradient has the same bits; MSE's difference and gradient come from the pool.
-    from everyo.losses import _common, classification, regression
-
+    # With the pool off (_buffers.out_for gives None: the fresh arrays of before) every loss
+    # and gradient has the same bits; MSE's difference and gradient come from the pool.
     rng = np.random.default_rng(39)
     xs, ys = (rng.standard_normal((32, 64, 128)).astype(np.float32) for _ in range(2))
 
@@ -500,8 +498,7 @@ def test_pointwise_losses_keep_their_bits(name, monkeypatch):
     grad, pooled = run()
     if name == "mse_loss":
         assert _pooled(grad)
-    for module in (_common, classification, regression):
-        monkeypatch.setattr(module, "pooled", lambda *arrays: None)
+    monkeypatch.setattr(_buffers, "out_for", lambda *args, **kwargs: None)
     _, fresh = run()
     for new, old in zip(pooled, fresh, strict=True):
         np.testing.assert_array_equal(_bits(new), _bits(old))

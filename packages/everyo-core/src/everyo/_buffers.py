@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["MIN_BYTES", "MAX_FREE_BYTES", "empty", "clear", "stats", "suspended"]
+__all__ = ["MIN_BYTES", "MAX_FREE_BYTES", "empty", "out_for", "copy_of", "clear", "stats", "suspended"]
 
 # glibc's initial mmap threshold: smaller arrays come from the heap's bins, whose
 # reuse malloc already does well.
@@ -116,6 +116,32 @@ def empty(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
     pool.bytes += nbytes
     if pool.bytes > MAX_FREE_BYTES:
         _shrink(pool, keep=key)
+    return out
+
+
+def out_for(*operands: Any, dtype: Any = None) -> np.ndarray | None:
+    """A recycled buffer for the elementwise result of ``operands`` (an ``out=``
+    argument; dtype: the result's, NumPy's by default), or None (a fresh array then).
+
+    Only where every operand is an ndarray, the result has at least one axis and a
+    floating dtype, and every full-size operand is C-contiguous: the array NumPy
+    would allocate is then C-contiguous too, so later sums over it add in the same
+    order and give the same bits."""
+    if any(type(a) is not np.ndarray for a in operands):
+        return None
+    shape = np.broadcast_shapes(*(a.shape for a in operands))
+    full = [a for a in operands if a.shape == shape]
+    if not shape or not full or not all(a.flags.c_contiguous for a in full):
+        return None
+    dtype = np.result_type(*operands) if dtype is None else np.dtype(dtype)
+    return empty(shape, dtype) if dtype.kind == "f" else None
+
+
+def copy_of(a: np.ndarray, dtype: Any = None) -> np.ndarray:
+    """``np.array(a, dtype, order="C")`` (a copy, cast unsafely as ``astype`` does)
+    into a recycled buffer."""
+    out = empty(a.shape, a.dtype if dtype is None else dtype)
+    np.copyto(out, a, casting="unsafe")
     return out
 
 

@@ -556,9 +556,7 @@ def _accumulate_leaf(node, g):
         # Own the array: ``g`` may alias another node's gradient or a broadcast view.
         dt = node.data.dtype
         if type(g) is np.ndarray and g.dtype == dt and dt.kind == "f":
-            buf = _buffers.empty(g.shape, dt)  # a recycled buffer (everyo._buffers)
-            np.copyto(buf, g)
-            node.grad = buf
+            node.grad = _buffers.copy_of(g)  # a recycled buffer (everyo._buffers)
         else:
             node.grad = np.array(g, dtype=dt, copy=True)
     else:

@@ -648,8 +648,7 @@ def _hide(data: np.ndarray, blocked: TensorLike) -> np.ndarray:
     mask = blocked.data if isinstance(blocked, Tensor) else np.asarray(blocked)
     if mask.dtype != np.bool_ or np.broadcast_shapes(mask.shape, data.shape) != data.shape:
         return np.where(mask, -np.inf, data)
-    out = _buffers.empty(data.shape, data.dtype)  # data.copy(): C order, into a recycled buffer
-    np.copyto(out, data)
+    out = _buffers.copy_of(data)  # data.copy(): C order, into a recycled buffer
     np.copyto(out, -np.inf, where=mask)
     return out
 
@@ -865,9 +864,7 @@ def _reshaped(data: np.ndarray, shape: tuple[Any, ...]) -> np.ndarray:
             pass
     except ValueError:
         pass
-    copy = _buffers.empty(data.shape, data.dtype)
-    np.copyto(copy, data)
-    return copy.reshape(shape)  # (an impossible shape raises NumPy's own error here)
+    return _buffers.copy_of(data).reshape(shape)  # (an impossible shape raises NumPy's own error here)
 
 
 def _moves(op, move):

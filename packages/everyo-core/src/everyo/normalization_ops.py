@@ -53,20 +53,6 @@ def _wide(value):
     return _up(data) if is_low_precision(data.dtype) else data
 
 
-def _into(dtype, *operands):
-    """A recycled buffer (everyo._buffers) for the elementwise result of ``operands``, or
-    None (a fresh array then, as before). Only where the operands are ndarrays and every
-    full-size one is C-contiguous: the array NumPy would allocate is then C-contiguous
-    too, so the reductions over it later add in the same order and give the same bits."""
-    if any(type(a) is not np.ndarray for a in operands):
-        return None
-    shape = np.broadcast_shapes(*(a.shape for a in operands))
-    full = [a for a in operands if a.shape == shape]
-    if not full or not all(a.flags.c_contiguous for a in full):
-        return None
-    return _buffers.empty(shape, dtype)
-
-
 def _unbroadcast(grad, shape):
     if grad.shape == shape:
         return grad
@@ -125,14 +111,14 @@ def normalize(
         return _normalize_rows(x, weight, bias, axes, eps, *rows)
     if batch_stats:
         mu = xw.mean(axis=axes, keepdims=True)
-        y = np.subtract(xw, mu, out=_into(comp, xw, mu))  # centred; becomes the output in place below
+        y = np.subtract(xw, mu, out=_buffers.out_for(xw, mu, dtype=comp))  # centred; becomes the output in place below
         count = int(np.prod([xw.shape[i] for i in axes])) if axes else 1
-        variance = np.multiply(y, y, out=_into(comp, y)).sum(axis=axes, keepdims=True) / count
+        variance = np.multiply(y, y, out=_buffers.out_for(y, dtype=comp)).sum(axis=axes, keepdims=True) / count
     else:
         if var is None:
             raise ValueError("normalize: give both mean and var, or neither")
         mu, variance = np.asarray(_wide(mean), comp), np.asarray(_wide(var), comp)
-        y = np.subtract(xw, mu, out=_into(comp, xw, mu))
+        y = np.subtract(xw, mu, out=_buffers.out_for(xw, mu, dtype=comp))
     std = np.sqrt(variance + np.asarray(eps, comp))
     np.divide(y, std, out=y)
     if weight is not None:
@@ -154,7 +140,7 @@ def normalize(
         xs = _wide(x).astype(comp, copy=False)
         # Full-size results go into recycled buffers where the operands allow (_into): the
         # same operations in the same order as the fresh arrays, the same bits.
-        xhat = np.subtract(xs, mu, out=_into(comp, xs, mu))
+        xhat = np.subtract(xs, mu, out=_buffers.out_for(xs, mu, dtype=comp))
         xhat *= rstd
         gx = gweight = gbias = None
         scratch = None  # a full-size buffer of ours the input gradient may reuse
@@ -162,10 +148,10 @@ def normalize(
             if bias.requires_grad:
                 gbias = _unbroadcast(gw, bias.data.shape)
             if weight.requires_grad:
-                scratch = np.multiply(gw, xhat, out=_into(comp, gw, xhat))
+                scratch = np.multiply(gw, xhat, out=_buffers.out_for(gw, xhat, dtype=comp))
                 gweight = _unbroadcast(scratch, weight.data.shape)
             w = _wide(weight).astype(comp, copy=False)
-            gxhat = np.multiply(gw, w, out=_into(comp, gw, w))
+            gxhat = np.multiply(gw, w, out=_buffers.out_for(gw, w, dtype=comp))
         else:
             gxhat = gw
         if x.requires_grad:
@@ -173,16 +159,16 @@ def normalize(
                 # d/dx of (x - mean(x)) / sqrt(var(x) + eps), var with ddof 0,
                 # as gx = (gxhat - mean(gxhat) - xhat * mean(gxhat * xhat)) * rstd.
                 reuse = scratch is not None and gweight is not scratch
-                prod = np.multiply(gxhat, xhat, out=scratch if reuse else _into(comp, gxhat, xhat))
+                prod = np.multiply(gxhat, xhat, out=scratch if reuse else _buffers.out_for(gxhat, xhat, dtype=comp))
                 m2 = prod.mean(axis=axes, keepdims=True)
                 del prod, scratch
                 m1 = gxhat.mean(axis=axes, keepdims=True)
-                gx = np.subtract(gxhat, m1, out=gxhat if gxhat is not gw else _into(comp, gxhat, m1))
+                gx = np.subtract(gxhat, m1, out=gxhat if gxhat is not gw else _buffers.out_for(gxhat, m1, dtype=comp))
                 xhat *= m2
                 gx -= xhat
                 gx *= rstd
             else:
-                gx = np.multiply(gxhat, rstd, out=_into(comp, gxhat, rstd))
+                gx = np.multiply(gxhat, rstd, out=_buffers.out_for(gxhat, rstd, dtype=comp))
             # (gx is ours, fresh or recycled: no copy when it already has x's type)
             gx = _rounded(gx, dt) if low else gx if gx.dtype == dt else convert(gx, dt)
         if weight is None:

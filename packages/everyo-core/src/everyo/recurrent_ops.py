@@ -83,11 +83,7 @@ def _compiled_scan(name, compiled, ended, batch, steps, hidden):
 def _contiguous(a, dt):
     """``np.ascontiguousarray(a, dtype=dt)``: ``a`` itself where it is one already, else
     the same copy (the same casts) into a recycled buffer."""
-    if a.flags.c_contiguous and a.dtype == dt:
-        return a
-    out = _empty(a.shape, dt)
-    np.copyto(out, a, casting="unsafe")
-    return out
+    return a if a.flags.c_contiguous and a.dtype == dt else _buffers.copy_of(a, dt)
 
 
 def _weight_grad(prev, d, dt):
@@ -126,9 +122,7 @@ def _previous(seq, first, reverse):
 
 
 def _batch_first(seq):
-    out = _empty((seq.shape[1], seq.shape[0]) + seq.shape[2:], seq.dtype)
-    np.copyto(out, seq.transpose(1, 0, 2))
-    return out
+    return _buffers.copy_of(seq.transpose(1, 0, 2))
 
 
 def _dtype(*arrays):

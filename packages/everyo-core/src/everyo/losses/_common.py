@@ -6,7 +6,6 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from everyo import _buffers
 from everyo.errors import EveryOShapeError
 from everyo.half import is_low_precision
 from everyo.tensor import Tensor
@@ -51,18 +50,6 @@ def reduce(per: Array, reduction: str, denominator: Array | float | None = None)
     den = np.asarray(per.size if denominator is None else denominator, per.dtype)
     with np.errstate(divide="ignore", invalid="ignore"):
         return np.asarray(per.sum() / den, per.dtype), np.asarray(1.0 / den, per.dtype)
-
-
-def pooled(*arrays: Array) -> Array | None:
-    """A recycled buffer (everyo._buffers) for the elementwise result of ``arrays`` (all of
-    one shape), or None (a fresh array then). Only where every one is a C-contiguous float
-    ndarray: the fresh result would be C-contiguous too, so sums over it add in the same
-    order and give the same bits."""
-    first = arrays[0]
-    for a in arrays:
-        if type(a) is not np.ndarray or a.dtype.kind != "f" or a.shape != first.shape or not a.flags.c_contiguous:
-            return None
-    return _buffers.empty(first.shape, np.result_type(*arrays))
 
 
 def spread(g: Array, scale: Array | float, shape: tuple[int, ...]) -> Array:

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from everyo import _buffers
 from everyo.casting import is_floating
 from everyo.dispatch import FLOAT32, primitive
 from everyo.errors import EveryODTypeError, EveryOShapeError
@@ -32,7 +33,6 @@ from everyo.losses._common import (
     check_reduction,
     constant,
     float32_at_least,
-    pooled,
     positional_reduction,
     reduce,
     same_shape,
@@ -50,9 +50,9 @@ def _log_softmax(z: Array) -> tuple[Array, Array]:
     """``(log_softmax(z), softmax(z))`` over the last axis, stably."""
     with np.errstate(invalid="ignore", over="ignore"):
         # The same operations as (shifted - log(total), e / total), each written into an
-        # array of ours: recycled ones where z allows (pooled), else fresh.
-        shifted = np.subtract(z, z.max(axis=-1, keepdims=True), out=pooled(z))
-        e = np.exp(shifted, out=pooled(shifted))
+        # array of ours: recycled ones where z allows (_buffers.out_for), else fresh.
+        shifted = np.subtract(z, z.max(axis=-1, keepdims=True), out=_buffers.out_for(z))
+        e = np.exp(shifted, out=_buffers.out_for(shifted))
         total = e.sum(axis=-1, keepdims=True)
         return np.subtract(shifted, np.log(total), out=shifted), np.divide(e, total, out=e)
 
@@ -99,7 +99,7 @@ def _indexed(name, logp, t, weight, ignore_index, reduction, smoothing):
 
     def dloss_dlogp(g):
         gi = spread(g.reshape(-1) if reduction == "none" else g, scale, per.shape)
-        grad = pooled(lp)
+        grad = _buffers.out_for(lp)
         if grad is None:
             grad = np.zeros_like(lp)
         else:
@@ -198,7 +198,7 @@ def cross_entropy(
 
     def backward(g):
         d = dloss(g)
-        step = np.multiply(p, d.sum(axis=-1, keepdims=True), out=pooled(p, d))
+        step = np.multiply(p, d.sum(axis=-1, keepdims=True), out=_buffers.out_for(p, d))
         return (np.subtract(d, step, out=step),)
 
     return Tensor._from_op(np.asarray(out, z.dtype), (logits,), backward)

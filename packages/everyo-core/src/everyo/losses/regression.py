@@ -7,9 +7,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from everyo import _buffers
 from everyo.dispatch import FLOAT32, primitive
 from everyo.functional import _t
-from everyo.losses._common import check_reduction, float32_at_least, pooled, reduce, same_shape, spread
+from everyo.losses._common import check_reduction, float32_at_least, reduce, same_shape, spread
 from everyo.tensor import Tensor
 
 if TYPE_CHECKING:
@@ -32,12 +33,12 @@ def _pointwise(
     check_reduction(name, reduction)
     pred, target = float32_at_least(_t(pred), _t(target))
     same_shape(pred, target, name)
-    diff = np.subtract(pred.data, target.data, out=pooled(pred.data, target.data))
+    diff = np.subtract(pred.data, target.data, out=_buffers.out_for(pred.data, target.data))
     out, scale = reduce(value(diff), reduction)
 
     def backward(g):
         factor, s = spread(g, scale, diff.shape), slope(diff)
-        into = pooled(diff) if np.result_type(factor, s) == diff.dtype else None
+        into = _buffers.out_for(diff) if np.result_type(factor, s) == diff.dtype else None
         gp = np.multiply(factor, s, out=into)
         return gp, (-gp if target.requires_grad else None)
 
@@ -45,11 +46,11 @@ def _pointwise(
 
 
 def _square(d: Array) -> Array:
-    return np.multiply(d, d, out=pooled(d))  # d * d
+    return np.multiply(d, d, out=_buffers.out_for(d))  # d * d
 
 
 def _twice(d: Array) -> Array:
-    return np.multiply(2, d, out=pooled(d))  # 2 * d
+    return np.multiply(2, d, out=_buffers.out_for(d))  # 2 * d
 
 
 @primitive("mse_loss", FLOAT32, kind="loss", inputs=("pred", "target"))
