@@ -131,13 +131,24 @@ def _compiled_half(name, x, dtype, out_dtype):
     or ``(None, None, None)`` without the kernel."""
     if x.size <= _SMALL or x.dtype != dtype:
         return None, None, None
+    return _compiled_pass(name, x, _bits_of(dtype), out_dtype, _bits_of(out_dtype))
+
+
+def _bits_of(dtype):
+    return _U32 if dtype == _F32 else np.uint16
+
+
+def _compiled_pass(name, x, in_bits, out_dtype, out_bits):
+    """``(everyo-kernels' kernel name's result, a flat out_dtype array, its return value,
+    x as flat)``, the kernel given the bits of both as ``in_bits``/``out_bits``; or
+    ``(None, None, None)`` without the kernel (see :mod:`everyo.kernel_table`)."""
     fn = kernel_table.get(name)
     if fn is None:
         return None, None, None
     flat = np.ascontiguousarray(x).reshape(-1)
     out = _buffers.empty((flat.size,), out_dtype)  # recycled: a fresh 2 MiB result faults in every page
-    top = fn(flat.view(_U32 if dtype == _F32 else np.uint16), out.view(_U32 if out_dtype == _F32 else np.uint16))
-    return out, top, flat
+    returned = fn(flat.view(in_bits), out.view(out_bits))
+    return out, returned, flat
 
 
 def _compiled_down(x):
@@ -582,14 +593,8 @@ def _compiled(name, x, in_dtype, out_dtype):
     """``x``'s conversion by the everyo-kernels kernel ``name`` (one pass over the
     bits as ``in_dtype``, into an ``out_dtype`` array of x's shape), or None
     without it (see :mod:`everyo.kernel_table`)."""
-    fn = kernel_table.get(name)
-    if fn is None:
-        return None
-    shape = np.shape(x)
-    src = np.ascontiguousarray(x).reshape(-1).view(in_dtype)
-    out = _buffers.empty((src.size,), out_dtype)  # recycled (see _compiled_half)
-    fn(src, out)
-    return out.reshape(shape)
+    out, _, _ = _compiled_pass(name, x, in_dtype, out_dtype, out_dtype)
+    return None if out is None else out.reshape(np.shape(x))
 
 
 def _bfloat16_to_float(b):
