@@ -230,10 +230,8 @@ def pow(a: TensorLike, exponent: TensorLike) -> Tensor:
 
 
 # --- matmul and the fused linear -------------------------------------------
-# The dtypes everyo-kernels' dense kernels are used for (see kernel_table).
-_COMPILED = (np.dtype(np.float32), np.dtype(np.float64))
-# Below this many elements an op keeps its NumPy pass (and never loads the kernels for it).
-_KERNEL_MIN_SIZE = 16384
+# The dtypes everyo-kernels' dense kernels are used for, from this many elements (kernel_table).
+_COMPILED, _KERNEL_MIN_SIZE = kernel_table.FLOAT_DTYPES, kernel_table.MIN_SIZE
 
 
 def _mm(x, y):

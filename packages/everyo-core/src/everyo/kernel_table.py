@@ -28,12 +28,18 @@ import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
 
-__all__ = ["KernelStatus", "kernels", "get", "disabled"]
+__all__ = ["KernelStatus", "kernels", "get", "disabled", "FLOAT_DTYPES", "MIN_SIZE"]
 
 ENV_VAR = "EVERYO_KERNELS"
+# The float types core's ops hand to a kernel, and the fewest elements for which an op
+# asks for one (below it the NumPy pass runs, and the kernels are never loaded for it).
+FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+MIN_SIZE = 16384
 
 _table: dict[str, Callable[..., Any]] | None = None  # None until discovery
 _status: KernelStatus | None = None

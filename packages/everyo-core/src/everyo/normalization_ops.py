@@ -43,8 +43,7 @@ __all__ = ["normalize"]
 _F32 = np.dtype(np.float32)
 # everyo-kernels' layer_norm_forward/backward: for these types, from this many elements
 # (below it the NumPy path, and the kernels are never loaded for it; as in everyo.functional).
-_COMPILED = (np.dtype(np.float32), np.dtype(np.float64))
-_KERNEL_MIN_SIZE = 16384
+_COMPILED, _KERNEL_MIN_SIZE = kernel_table.FLOAT_DTYPES, kernel_table.MIN_SIZE
 
 
 def _wide(value):

@@ -19,8 +19,7 @@ from everyo.errors import EveryODTypeError, EveryOIndexError, EveryOShapeError
 from everyo.tensor import Tensor
 
 # The embedding backward's kernel: its dtypes, and the fewest gradient values it is used for.
-_COMPILED = (np.dtype(np.float32), np.dtype(np.float64))
-_KERNEL_MIN_SIZE = 16384
+_COMPILED, _KERNEL_MIN_SIZE = kernel_table.FLOAT_DTYPES, kernel_table.MIN_SIZE
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence

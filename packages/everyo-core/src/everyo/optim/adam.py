@@ -16,9 +16,8 @@ if TYPE_CHECKING:
 
 
 # The dtypes everyo-kernels' adam_update is used for, and the fewest values (over a
-# param group) for which it is asked for (as functional's _KERNEL_MIN_SIZE).
-_COMPILED = (np.dtype(np.float32), np.dtype(np.float64))
-_KERNEL_MIN_SIZE = 16384
+# param group) for which it is asked for (kernel_table's, as for the ops).
+_COMPILED, _KERNEL_MIN_SIZE = kernel_table.FLOAT_DTYPES, kernel_table.MIN_SIZE
 
 
 class Adam(Optimizer):
