@@ -1,4 +1,4 @@
-"""The dense-layer kernels (add_bias, relu_backward) against core's NumPy paths:
+"""The dense-layer kernels (add_bias, relu_forward, relu_backward) against core's NumPy paths:
 bit-identical on random shapes and special values (NaN, +-inf, -0, subnormals;
 a NaN's sign bit is not compared, see _same_bits),
 float32 and float64, and the gradients through them pass the FD checker."""
@@ -51,12 +51,37 @@ def test_linear_relu_matches_numpy_path_bit_for_bit(monkeypatch, dtype, shape):
     b, g = _values(rng, (n,), dtype), _values(rng, (m, n), dtype)
     with kernel_table.disabled(), np.errstate(all="ignore"):
         want = _linear_relu_grads(x, w, b, g)
-    calls = count_calls(monkeypatch, ("add_bias", "relu_backward"))
+    calls = count_calls(monkeypatch, ("add_bias", "relu_forward", "relu_backward"))
     with np.errstate(all="ignore"):
         got = _linear_relu_grads(x, w, b, g)
-    assert calls == {"add_bias": 1, "relu_backward": 1}
+    assert calls == {"add_bias": 1, "relu_forward": 1, "relu_backward": 1}
     for a, e in zip(got, want):
         assert _same_bits(a, e)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_relu_forward_kernel_keeps_numpy_bits_on_special_values(dtype):
+    # Every special value (NaN payloads and signs included: maximum passes a NaN
+    # operand through), the same as NumPy's maximum(a, 0), bit for bit.
+    fn = kernel_table.get("relu_forward")
+    bits = np.uint32 if dtype == np.float32 else np.uint64
+    payloads = np.array([0x7FC00001, 0xFFC00123], np.uint32).view(np.float32).astype(dtype)
+    a = np.concatenate(
+        [np.array(SPECIALS, dtype), payloads, np.random.default_rng(5).standard_normal(1000).astype(dtype)]
+    )
+    out = np.empty_like(a)
+    fn(a, out)
+    assert np.array_equal(out.view(bits), np.maximum(a, 0).view(bits))
+    assert not np.signbit(out[1])  # -0 gives +0, as maximum
+
+
+def test_relu_on_a_strided_input_keeps_the_numpy_path(monkeypatch):
+    x = np.random.default_rng(6).standard_normal((256, 256)).astype(np.float32)
+    calls = count_calls(monkeypatch, ("relu_forward",))
+    assert np.array_equal(eo.relu(eo.tensor(x.T)).data, np.maximum(x.T, 0))
+    assert calls["relu_forward"] == 0
+    assert np.array_equal(eo.relu(eo.tensor(x)).data, np.maximum(x, 0))
+    assert calls["relu_forward"] == 1
 
 
 def test_relu_backward_kernel_on_special_pairs():
@@ -76,9 +101,9 @@ def test_gradients_through_the_kernels_pass_the_fd_checker(monkeypatch):
     rng = np.random.default_rng(3)
     x, w, b = rng.standard_normal((130, 64)), 0.1 * rng.standard_normal((64, 128)), rng.standard_normal(128)
     assert 130 * 128 >= 16384  # large enough to take the kernels, and 64 -> 128 adds its bias
-    calls = count_calls(monkeypatch, ("add_bias", "relu_backward"))
+    calls = count_calls(monkeypatch, ("add_bias", "relu_forward", "relu_backward"))
     check_gradients(lambda x, w, b: eo.sum(eo.relu(eo.linear(x, w, b)) ** 2), [x, w, b], name="linear+relu")
-    assert calls["add_bias"] > 0 and calls["relu_backward"] > 0
+    assert calls["add_bias"] > 0 and calls["relu_forward"] > 0 and calls["relu_backward"] > 0
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])

@@ -19,6 +19,7 @@ EXPECTED = {
     "lstm_forward_scan",
     "lstm_backward_scan",
     "add_bias",
+    "relu_forward",
     "relu_backward",
     "outer_product",
     "im2col",

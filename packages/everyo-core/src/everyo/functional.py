@@ -581,7 +581,16 @@ def relu(a: TensorLike) -> Tensor:
     if is_low_precision(a.data.dtype):
         return _relu_half(a)
     ad = a.data
-    out = np.maximum(ad, 0, out=_buffers.empty(ad.shape, ad.dtype)) if ad.dtype.kind == "f" else np.maximum(ad, 0)
+    if ad.dtype.kind == "f":
+        out = _buffers.empty(ad.shape, ad.dtype)
+        use = type(ad) is np.ndarray and ad.size >= _KERNEL_MIN_SIZE and ad.dtype in _COMPILED and ad.flags.c_contiguous
+        step = kernel_table.get("relu_forward") if use else None
+        if step is not None:  # the same bits, ~4x faster than maximum with a scalar 0
+            step(ad.reshape(-1), out.reshape(-1))
+        else:
+            np.maximum(ad, 0, out=out)
+    else:
+        out = np.maximum(ad, 0)
 
     # not (out <= 0), rather than out > 0: at a NaN input the gradient passes
     # (NaN stays NaN downstream), as in PyTorch, instead of being cut to 0.
