@@ -17,7 +17,8 @@ from conftest import count_calls
 import everyo as eo
 from everyo import kernel_table
 from everyo.activations import _normal_cdf
-from everyo.kernels.gelu import BOUND_REL, exp32, gelu_backward, gelu_forward
+from everyo.kernels._jit import kernel
+from everyo.kernels.gelu import BOUND_REL, _exp_small, exp32, gelu_backward, gelu_forward
 from everyo.testing import check_gradients
 
 CORE_BOUND_ULP = 10  # core's documented bound against math.erfc (tests/core/test_gelu_float32.py)
@@ -92,6 +93,27 @@ def test_exp32_within_one_ulp_of_exp():
     got = np.empty_like(special)
     exp32(special, got)
     np.testing.assert_array_equal(got, [1.0, 1.0, np.nan, 0.0, np.inf, np.inf, 0.0, 1.0])
+
+
+@kernel
+def _exp_small_all(b, out):
+    for n in range(b.size):
+        out[n] = _exp_small(b[n])
+
+
+def test_exp_small_within_one_ulp_of_exp_where_the_forward_uses_it():
+    # the forward's exp(low), |low| <= 2^-11 * 15^2 < 0.11: 2M float32 patterns of [2^-40, 0.11]
+    # (either sign), the top 200,000 below 0.11, and zeros and subnormals
+    rng = np.random.default_rng(2)
+    lo, hi = np.float32(2.0**-40).view(np.uint32), np.float32(0.11).view(np.uint32)
+    pos = np.concatenate(
+        [rng.integers(lo, hi + 1, 2_000_000, dtype=np.uint32), np.arange(hi - 200_000, hi + 1, dtype=np.uint32)]
+    ).view(np.float32)
+    b = np.concatenate([pos, -pos, np.array([0.0, -0.0, 1e-45, -1e-45], np.float32)])
+    got = np.empty_like(b)
+    _exp_small_all(b, got)
+    exact = np.exp(b.astype(np.float64))
+    assert (np.abs(got - exact) / np.spacing(exact.astype(np.float32)).astype(np.float64)).max() < 1.0
 
 
 def test_forward_within_bound_of_numpy_path_and_of_erfc():

@@ -20,7 +20,16 @@ Measured against float64 ``exp`` over every float32 in ``[-104, -87]`` (the
 subnormal results) and 20M random ones in ``[-104, 0]``: within 0.98 ulp
 (NumPy's: 2.41); the tests check < 1 ulp.
 
-So the kernels differ from the NumPy path only through the two ``exp``
+The forward's first factor, ``exp(low)`` with ``low = (a - high)(a + high) / -2``
+(``high`` is ``a`` with its low 12 fraction bits cleared, so ``|low| <= 2^-11 a^2
+<= 0.11`` for the clipped ``|a| <= 15``), is its degree-5 Taylor polynomial
+(:func:`_exp_small`: truncation below ``0.11^6 / 720 = 2^-28.6`` relative, so within
+float32 rounding of ``_exp32``; 123 of 1M values at ``3 N(0, 1)`` differ from
+``_exp32`` by one ulp, the largest deviation from the NumPy path unchanged). It
+saves a range reduction and a scaling per value: the forward 1.64 -> 1.29 ms at
+(32, 64, 512) (one thread, shared 2-core machine).
+
+So the kernels differ from the NumPy path only through the ``exp``
 roundings (one in the backward), which enter as relative errors of a few ulp:
 ``|kernel - numpy| <= BOUND_REL * scale + 2^-148 (1 + |x|)``, with ``scale``
 the NumPy path's ``|Phi(x)|`` for Phi, ``|x Phi(x)|`` for the output, and
@@ -115,6 +124,15 @@ def _exp32(x):
     return y
 
 
+# exp(b) for |b| <= 0.11 (the forward's exp(low)): 1 + b + b^2/2 + ... + b^5/120, Horner.
+_S5, _S4, _S3, _S2 = (np.float32(c) for c in (1.0 / 120.0, 1.0 / 24.0, 1.0 / 6.0, 0.5))
+
+
+@helper
+def _exp_small(b):
+    return ((((_S5 * b + _S4) * b + _S3) * b + _S2) * b + _ONE) * b + _ONE
+
+
 @kernel
 def exp32(x, out):
     """``out = exp(x)`` with :func:`_exp32` (for the tests)."""
@@ -145,7 +163,7 @@ def gelu_forward(x, out, cdf):
         q = q * t
         high = _bits_float(_float_bits(a) & _HIGH_12_BITS)
         low = (a - high) * (a + high) * _MINUS_HALF
-        q = q * _exp32(low)
+        q = q * _exp_small(low)  # |low| <= 0.11 (see the module doc)
         q = q * _exp32(high * high * _MINUS_HALF)  # Phi(-|x|)
         phi = q if _float_bits(xn) < 0 else _ONE - q  # core: [no sign bit] - copysign(q, x)
         cdf[n] = phi
