@@ -11,7 +11,22 @@ import pytest
 from conftest import count_calls
 
 from everyo import half, kernel_table
-from everyo.kernels.float16 import half_codes, half_to_float, round_to_half
+from everyo.kernels import float16
+
+# Both implementations of the exported kernels: the integer loops, and the loops around the
+# CPU's own float16 conversions (F16C), which the module exports where the CPU has them.
+IMPLEMENTATIONS = [
+    pytest.param("bits", id="integer"),
+    pytest.param("f16c", id="f16c", marks=pytest.mark.skipif(not float16.F16C, reason="no F16C on this CPU")),
+]
+
+
+@pytest.fixture(params=IMPLEMENTATIONS)
+def impl(request):
+    return {
+        name: getattr(float16, f"{name}_{request.param}") for name in ("half_codes", "round_to_half", "half_to_float")
+    }
+
 
 NAMES = ("half_codes", "round_to_half", "half_to_float")
 LIMIT = 0x477FF000  # 65520.0's bits: from here on core redoes the values with NumPy
@@ -91,7 +106,8 @@ def _astype_codes(x):
         return x.astype(np.float16).view(np.uint16)
 
 
-def test_every_float16_code_goes_up_exactly():
+def test_every_float16_code_goes_up_exactly(impl):
+    half_to_float = impl["half_to_float"]
     codes = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)
     out = np.empty(codes.size, np.uint32)
     half_to_float(codes, out)
@@ -99,7 +115,8 @@ def test_every_float16_code_goes_up_exactly():
     np.testing.assert_array_equal(out, codes.view(np.float16).astype(np.float32).view(np.uint32))
 
 
-def test_down_is_astype_for_every_value_float16_holds_finitely(bits):
+def test_down_is_astype_for_every_value_float16_holds_finitely(bits, impl):
+    half_codes = impl["half_codes"]
     x = bits.view(np.float32)
     out = np.empty(bits.size, np.uint16)
     top = half_codes(bits, out)
@@ -113,7 +130,8 @@ def test_down_is_astype_for_every_value_float16_holds_finitely(bits):
     assert ((out[np.abs(x) == np.float32(65520.0)] & 0x7FFF) == 0x7C00).all()  # ... and 65520 to inf
 
 
-def test_round_is_down_and_up_for_every_value_float16_holds_finitely(bits):
+def test_round_is_down_and_up_for_every_value_float16_holds_finitely(bits, impl):
+    round_to_half = impl["round_to_half"]
     x = bits.view(np.float32)
     out = np.empty(bits.size, np.uint32)
     top = round_to_half(bits, out)
@@ -125,7 +143,8 @@ def test_round_is_down_and_up_for_every_value_float16_holds_finitely(bits):
 
 
 @pytest.mark.parametrize("spot", [0x477FF000, 0x7F800000, 0x7FC00000, 0xFF800001, 0xC77FFFFF])
-def test_the_largest_magnitude_flags_what_core_redoes(spot):
+def test_the_largest_magnitude_flags_what_core_redoes(spot, impl):
+    half_codes, round_to_half = impl["half_codes"], impl["round_to_half"]
     bits = np.full(5000, 0x3F800000, np.uint32)  # ones
     for kernel, dtype in ((half_codes, np.uint16), (round_to_half, np.uint32)):
         assert kernel(bits, np.empty(bits.size, dtype)) < LIMIT
@@ -135,6 +154,12 @@ def test_the_largest_magnitude_flags_what_core_redoes(spot):
     just_below = bits.copy()
     just_below[7] = 0xC77FEFFF  # -65519.996: float16 holds it (as -65504)
     assert half_codes(just_below, np.empty(bits.size, np.uint16)) < LIMIT
+
+
+def test_the_exported_kernels_are_this_cpus():
+    kind = "f16c" if float16.F16C else "bits"
+    for name in ("half_codes", "round_to_half", "half_to_float"):
+        assert getattr(float16, name) is getattr(float16, f"{name}_{kind}")
 
 
 def _same_bits(a, b):
