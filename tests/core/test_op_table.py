@@ -358,7 +358,9 @@ def test_attention_trace():
     rec = trace_and_replay(model, x, other)
     assert "split" in rec.names and rec.names.count("softmax") == 1 and rec.names[-1] == "add"
     split = rec.records[rec.names.index("split")]
-    assert len(split[2]) == 3 and split[3]["sizes"] == (8, 8, 8) and split[3]["axis"] == 2
+    # the packed projection (2, 4, 24) as (2, 4, 3 * 2 heads, 4), split into Q, K and V heads
+    assert len(split[2]) == 3 and split[3]["sizes"] == (2, 2, 2) and split[3]["axis"] == 2
+    assert split[1][0].data.shape == (2, 4, 6, 4)
     softmax = rec.records[rec.names.index("softmax")]
     blocked = softmax[1][1]
     assert isinstance(blocked, Tensor) and np.array_equal(blocked.data, eo.causal_mask(4))

@@ -117,23 +117,32 @@ class MultiHeadAttention(Module):
 
     # --- projections --------------------------------------------------------
     def _project(self, query, key, value):
+        """Q, K and V, each (batch, heads, length, head_dim)."""
         w, b, e = self.in_proj_weight, self.in_proj_bias, self.embed_dim
 
         def part(lo, hi):
             return w[:, lo:hi], (None if b is None else b[lo:hi])
 
         if query is key and key is value:  # self-attention: one product for Q, K and V
-            return split(F.linear(query, w, b), 3, axis=-1)
-        q = F.linear(query, *part(0, e))
+            return self._heads(F.linear(query, w, b), 3)
+        (q,) = self._heads(F.linear(query, *part(0, e)), 1)
         if key is value:
-            k, v = split(F.linear(key, *part(e, 3 * e)), 2, axis=-1)
+            k, v = self._heads(F.linear(key, *part(e, 3 * e)), 2)
         else:
-            k, v = F.linear(key, *part(e, 2 * e)), F.linear(value, *part(2 * e, 3 * e))
+            (k,) = self._heads(F.linear(key, *part(e, 2 * e)), 1)
+            (v,) = self._heads(F.linear(value, *part(2 * e, 3 * e)), 1)
         return q, k, v
 
-    def _heads(self, t):
+    def _heads(self, t, parts):
+        """``parts`` projections side by side in ``t`` (batch, length, parts * embed_dim)
+        as (batch, heads, length, head_dim) each. Split after the reshape to heads
+        (views all): the backward then gathers the heads' gradients into ``t``'s
+        layout in one concatenation, where splitting first made each reshape's
+        backward copy its gradient before the concatenation copied it again."""
         batch, length, _ = t.data.shape
-        return F.transpose(F.reshape(t, (batch, length, self.num_heads, self.head_dim)), (0, 2, 1, 3))
+        heads = F.reshape(t, (batch, length, parts * self.num_heads, self.head_dim))
+        pieces = [heads] if parts == 1 else split(heads, parts, axis=2)
+        return [F.transpose(p, (0, 2, 1, 3)) for p in pieces]
 
     # --- masks ----------------------------------------------------------------
     def _mask(self, mask, shape, what, ranks):
@@ -184,7 +193,7 @@ class MultiHeadAttention(Module):
                 f"{self!r}: query {query.data.shape}, key {key.data.shape} and value {value.data.shape} must share "
                 f"the batch size, and key and value the length"
             )
-        q, k, v = (self._heads(t) for t in self._project(query, key, value))
+        q, k, v = self._project(query, key, value)
         shape = (batch, self.num_heads, lq, lk)
         blocked, added = None, []
         for mask, what, ranks in ((key_padding_mask, "key_padding_mask", (2,)), (attn_mask, "attn_mask", (2, 3, 4))):
