@@ -38,6 +38,8 @@ EXPECTED = {
     "half_codes",
     "round_to_half",
     "half_to_float",
+    "relu_codes",
+    "relu_codes_backward",
 }
 
 

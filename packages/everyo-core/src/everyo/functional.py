@@ -611,6 +611,10 @@ def relu(a: TensorLike) -> Tensor:
     return Tensor._from_op(out, (a,), backward)
 
 
+_RELU_FACTORS = np.array([1.0, 0.0], np.float32)  # relu_codes_backward's g * True and g * False
+_F32_INF = np.float32(np.inf)
+
+
 def _relu_half(a):
     # NumPy's float16 maximum/multiply convert every element (~40x slower than
     # float32). ReLU only selects, so it can work on the 16-bit codes: same
@@ -620,15 +624,31 @@ def _relu_half(a):
     u16, dt = np.uint16, a.data.dtype
     inf, nan = (0x7C00, 0x7E00) if dt == np.float16 else (0x7F80, 0x7FC0)
     codes = a.data.view(u16)
-    # Codes 0x8001..0x8000 + inf are the negative non-NaN values other than -0.
-    keep = np.greater_equal(np.subtract(codes, u16(0x8001)), u16(inf))
-    out = np.multiply(codes, keep).view(dt)
+    # everyo-kernels' relu_codes / relu_codes_backward: the same operations in one pass each.
+    big = type(codes) is np.ndarray and codes.size >= _KERNEL_MIN_SIZE and codes.flags.c_contiguous
+    step = kernel_table.get("relu_codes") if big else None
+    if step is not None:
+        out = _buffers.empty(codes.shape, u16)  # recycled, as the float32 ReLU's result
+        step(codes.reshape(-1), inf, out.reshape(-1))
+        out = out.view(dt)
+    else:
+        # Codes 0x8001..0x8000 + inf are the negative non-NaN values other than -0.
+        keep = np.greater_equal(np.subtract(codes, u16(0x8001)), u16(inf))
+        out = np.multiply(codes, keep).view(dt)
 
     @takes_rounded
     def backward(grad):
         # The gradient passes where not (out <= 0), as in the float32 path:
         # out holds no negative number but -0, so that is every code whose
         # magnitude bits are not 0 (positive values and NaNs of either sign).
+        if isinstance(grad, Rounded) and step is not None:
+            f32 = grad.f32
+            back = kernel_table.get("relu_codes_backward")
+            usable = type(f32) is np.ndarray and f32.dtype == np.float32 and f32.shape == out.shape
+            if back is not None and usable and f32.flags.c_contiguous:
+                if back(f32.reshape(-1), out.view(u16).reshape(-1), _RELU_FACTORS):  # g * live, in place
+                    np.multiply(_F32_INF, _RELU_FACTORS[1])  # an inf * 0 was made: NumPy's warning (errstate)
+                return (Rounded(f32, dt),)
         live = np.not_equal(np.bitwise_and(out.view(u16), u16(0x7FFF)), u16(0))
         if isinstance(grad, Rounded):
             # float16 values in float32: g * 1 is g, g * 0 a signed zero (NaN

@@ -36,6 +36,7 @@ from everyo.kernels.recurrent import (
     lstm_gates_in,
     lstm_gates_out,
 )
+from everyo.kernels.relu16 import relu_codes, relu_codes_backward
 from everyo.kernels.rows import (
     layer_norm_backward,
     layer_norm_forward,
@@ -58,6 +59,8 @@ TABLE: dict[str, Callable[..., Any]] = {
     "half_codes": half_codes,
     "round_to_half": round_to_half,
     "half_to_float": half_to_float,
+    "relu_codes": relu_codes,
+    "relu_codes_backward": relu_codes_backward,
     "lstm_gates_in": lstm_gates_in,
     "lstm_gates_out": lstm_gates_out,
     "lstm_cell_backward": lstm_cell_backward,
