@@ -159,3 +159,28 @@ def test_accumulate_is_numpys_own_16_bit_add(name):
                 expected.astype(np.float32)
             )
             assert same.all()
+
+
+@pytest.mark.parametrize("kernels", [True, False], ids=["kernels", "numpy"])
+def test_two_float16_gradients_add_as_numpys_float16_add(kernels):
+    """autograd sums two float16 array gradients of one tensor as the float32 sum rounded
+    once (a Rounded), not with NumPy's element-by-element float16 loop: the same bits for
+    every code against random codes (inf, NaN payloads, overflow to inf included), the same
+    warning."""
+    from everyo import autograd, kernel_table
+
+    rng = np.random.default_rng(5)
+    a = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16)
+    b = rng.integers(0, 1 << 16, a.size, dtype=np.uint32).astype(np.uint16).view(np.float16)
+    finite = np.isfinite(a) & np.isfinite(b)
+    with kernel_table.disabled() if not kernels else np.errstate():
+        with np.errstate(over="ignore", invalid="ignore"):
+            want = np.add(a, b)
+            got = autograd.materialize(autograd._add(a.copy(), b.copy()))
+        assert got.dtype == np.float16 and got.shape == a.shape
+        assert (~finite).sum() > 1000
+        np.testing.assert_array_equal(got.view(np.uint16), want.view(np.uint16))  # NaN payloads too
+        big = np.full(4096, 60000.0, np.float16)
+        with np.errstate(over="warn"), pytest.warns(RuntimeWarning, match="overflow"):
+            total = autograd.materialize(autograd._add(big, big.copy()))
+        assert np.isposinf(total).all()

@@ -344,6 +344,12 @@ def materialize(g: Any) -> Any:
     return g if isinstance(g, _ARRAYS) else g.materialize()
 
 
+# The sum of two gradient arrays of a dtype whose NumPy loop is slow (one converting each
+# element) but has a faster route giving the same bits, registered by the module that knows
+# it (everyo.low_precision): dtype -> add(a, b), which may return a deferred gradient.
+array_sums: dict[Any, Callable[[Any, Any], Any]] = {}
+
+
 def _add(a, b):
     """The sum of two gradients of one tensor (same dtype and shape)."""
     if not isinstance(a, _ARRAYS) and hasattr(a, "accumulate"):
@@ -352,6 +358,9 @@ def _add(a, b):
         return b.accumulate(a)  # addition commutes, bit for bit
     a, b = materialize(a), materialize(b)
     if type(a) is np.ndarray and type(b) is np.ndarray and a.shape == b.shape and a.dtype == b.dtype:
+        add = array_sums.get(a.dtype)
+        if add is not None:
+            return add(a, b)
         if a.dtype.kind == "f":  # into a recycled buffer (everyo._buffers): the same sum, no fresh pages
             return np.add(a, b, out=_buffers.empty(a.shape, a.dtype))
     return a + b

@@ -34,7 +34,7 @@ Examples:
 import numpy as np
 
 from everyo import autograd, dispatch
-from everyo.half import Rounded, _down, _rounded, _up, is_low_precision
+from everyo.half import _SMALL, Rounded, _down, _half_to_float, _rounded, _up, is_low_precision
 from everyo.tensor import Tensor
 
 _F32 = np.dtype(np.float32)
@@ -253,4 +253,15 @@ def _wrap_backward(out, twins, stubs, target, reads_operands):
     return out
 
 
+def _sum_half(a, b):
+    """``a + b`` for two float16 gradient arrays (autograd's ``array_sums``): NumPy's float16
+    add converts element by element; the float32 sum rounded once is the same sum, bit for
+    bit (see ``Rounded.accumulate``), handed on as a Rounded. ``b`` first: where both are
+    NaN, NumPy's float16 loop gives b's payload (tested)."""
+    if a.size <= _SMALL:
+        return np.add(a, b)
+    return Rounded(_half_to_float(b)).accumulate(a)
+
+
+autograd.array_sums[np.dtype(np.float16)] = _sum_half
 dispatch.bind_float32_route(low_precision_operands, call_in_float32)
