@@ -43,7 +43,7 @@ def contracted_kernel(function: Any) -> Any:
     multiply-add (``fastmath={"contract"}``: no reassociation, no other
     relaxation), where the CPU has FMA. Only for a kernel that is not
     bit-identical anyway and whose documented bound its tests check with the
-    contraction on (``gelu_forward``): an FMA rounds once where the NumPy path
+    contraction on (``gelu_forward``, ``gelu_backward``): an FMA rounds once where the NumPy path
     rounds twice."""
     return numba.njit(cache=True, error_model="numpy", boundscheck=False, nogil=True, fastmath={"contract"})(function)
 
