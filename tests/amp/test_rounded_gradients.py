@@ -165,8 +165,10 @@ def test_accumulate_is_numpys_own_16_bit_add(name):
 def test_two_float16_gradients_add_as_numpys_float16_add(kernels):
     """autograd sums two float16 array gradients of one tensor as the float32 sum rounded
     once (a Rounded), not with NumPy's element-by-element float16 loop: the same bits for
-    every code against random codes (inf, NaN payloads, overflow to inf included), the same
-    warning."""
+    every code against random codes (inf, overflow to inf included; NaN where NumPy gives NaN,
+    with the payload NumPy keeps wherever one operand is NaN), the same warning. Where both are
+    NaN, which payload survives differs between NumPy versions (2.2: a's, 2.4: b's, and
+    2.4's float32 add keeps a's in its scalar tail): only NaN is checked there."""
     from everyo import autograd, kernel_table
 
     rng = np.random.default_rng(5)
@@ -179,7 +181,9 @@ def test_two_float16_gradients_add_as_numpys_float16_add(kernels):
             got = autograd.materialize(autograd._add(a.copy(), b.copy()))
         assert got.dtype == np.float16 and got.shape == a.shape
         assert (~finite).sum() > 1000
-        np.testing.assert_array_equal(got.view(np.uint16), want.view(np.uint16))  # NaN payloads too
+        both_nan = np.isnan(a) & np.isnan(b)
+        assert both_nan.sum() > 30 and np.isnan(got[both_nan]).all()
+        np.testing.assert_array_equal(got.view(np.uint16)[~both_nan], want.view(np.uint16)[~both_nan])
         big = np.full(4096, 60000.0, np.float16)
         with np.errstate(over="warn"), pytest.warns(RuntimeWarning, match="overflow"):
             total = autograd.materialize(autograd._add(big, big.copy()))

@@ -256,8 +256,10 @@ def _wrap_backward(out, twins, stubs, target, reads_operands):
 def _sum_half(a, b):
     """``a + b`` for two float16 gradient arrays (autograd's ``array_sums``): NumPy's float16
     add converts element by element; the float32 sum rounded once is the same sum, bit for
-    bit (see ``Rounded.accumulate``), handed on as a Rounded. ``b`` first: where both are
-    NaN, NumPy's float16 loop gives b's payload (tested)."""
+    bit (see ``Rounded.accumulate``), handed on as a Rounded. Where both are NaN the result
+    is NaN, but which payload it keeps is NumPy's float32 add's choice, and NumPy's own
+    float16 add keeps a's in NumPy 2.2 and b's in 2.4 (whose float32 add keeps a's in the
+    scalar tail and b's in the SIMD body): no payload is promised."""
     if a.size <= _SMALL:
         return np.add(a, b)
     return Rounded(_half_to_float(b)).accumulate(a)
