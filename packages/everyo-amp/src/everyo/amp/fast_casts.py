@@ -28,7 +28,9 @@ Nothing changes in the numbers:
 
 ``EVERYO_AMP_CASTS=numpy`` in the environment keeps core's own conversions
 (the benchmark uses it for its side-by-side check); :func:`cast_backend`
-says which converter is in use.
+says which converter is in use. Where everyo-kernels is installed and active,
+core's compiled one-pass conversions come before any converter installed here,
+and ``EVERYO_AMP_CASTS=numpy`` leaves them on (``EVERYO_KERNELS=0`` turns them off).
 """
 
 from __future__ import annotations
