@@ -30,9 +30,11 @@ the conversions cost. A fourth copy skips the inf/NaN scans too (what is left is
 float32 work and the Python of the 16-bit path).
 
 The table says which float16 <-> float32 converter large arrays went through:
+everyo-kernels' compiled conversions when it is installed and active, else
 onnxruntime's Cast when onnxruntime is installed (``everyo-amp[fast]``, see
-``everyo.amp.fast_casts``), else NumPy's; ``EVERYO_AMP_CASTS=numpy python
-benchmarks/bench_amp.py`` times the same steps with NumPy's conversions.
+``everyo.amp.fast_casts``), else NumPy's; ``EVERYO_KERNELS=0 EVERYO_AMP_CASTS=numpy
+python benchmarks/bench_amp.py`` times the same steps with NumPy's conversions
+(``EVERYO_AMP_CASTS=numpy`` alone leaves the compiled kernels on).
 """
 
 import contextlib
@@ -317,8 +319,9 @@ def main(repeats=9):
     )
     import everyo.amp
 
-    # Large float16 <-> float32 conversions: onnxruntime's Cast when installed (everyo-amp[fast]),
-    # else NumPy; EVERYO_AMP_CASTS=numpy forces NumPy's for a side-by-side run.
+    # Large float16 <-> float32 conversions: everyo-kernels' when active, else onnxruntime's Cast
+    # when installed (everyo-amp[fast]), else NumPy; EVERYO_KERNELS=0 EVERYO_AMP_CASTS=numpy
+    # forces NumPy's for a side-by-side run.
     print(f"float16 <-> float32 conversions of large arrays: {everyo.amp.cast_backend()}")
     print()
     mem = [[name, memory_ratio(case, dtype), "<= 0.6"] for name, case, dtype, _, _ in WORKLOADS]
