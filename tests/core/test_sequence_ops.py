@@ -33,6 +33,31 @@ def test_split_only_a_secondary_output_used():
     np.testing.assert_array_equal(x.grad, expected)
 
 
+def test_split_relays_add_nothing_to_the_first_pieces_gradient():
+    """The relays of a multi-output op make its backward run but add nothing: the first
+    piece's gradient arrives as it is (its -0.0 stays -0.0, as in PyTorch), not summed with
+    zero arrays (which cost two full-size sums and turn -0.0 into +0.0)."""
+    from everyo import autograd
+
+    x = eo.tensor(rand(2, 6), requires_grad=True)
+    a, b, c = split(x, 3, axis=1)
+    minus_zero = np.full((2, 2), -0.0)
+    ((a * minus_zero).sum() + (b * 3.0).sum() + (c * 2.0).sum()).backward()
+    assert np.signbit(x.grad[:, :2]).all() and (x.grad[:, :2] == 0).all()
+    np.testing.assert_array_equal(x.grad[:, 2:], [[3, 3, 2, 2], [3, 3, 2, 2]])
+    sums = []
+    real_add = autograd._add
+    try:
+        autograd._add = lambda p, q: sums.append((p.shape, q.shape)) or real_add(p, q)
+        x.grad = None
+        a, b, c = split(x, 3, axis=1)
+        ((a * 1.0).sum() + (b * 3.0).sum() + (c * 2.0).sum()).backward()
+    finally:
+        autograd._add = real_add
+    assert (2, 2) not in [shape for pair in sums for shape in pair]  # nothing summed into a's gradient
+    assert repr(autograd.ZERO) == "everyo.autograd.ZERO"
+
+
 def test_split_rejects_uneven_sizes():
     with pytest.raises(eo.EveryOShapeError, match="divide"):
         split(eo.zeros(2, 5), 2, axis=1)

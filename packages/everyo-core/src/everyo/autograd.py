@@ -350,6 +350,23 @@ def materialize(g: Any) -> Any:
 array_sums: dict[Any, Callable[[Any, Any], Any]] = {}
 
 
+class _Zero:
+    """The type of :data:`ZERO`."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "everyo.autograd.ZERO"
+
+
+ZERO = _Zero()
+"""A backward's gradient for a parent that must run although it gets nothing from this use
+(a multi-output op's relay, see :func:`everyo.sequence_ops.multi_output`): the parent runs,
+with a zero gradient if nothing else reaches it, and nothing is added to what other uses
+give it. Adding an actual zero array instead costs two full-size sums per split (zero +
+zero, then + the real gradient) and turns the real gradient's -0.0 into +0.0."""
+
+
 def _add(a, b):
     """The sum of two gradients of one tensor (same dtype and shape)."""
     if not isinstance(a, _ARRAYS) and hasattr(a, "accumulate"):
@@ -432,6 +449,8 @@ def _run(roots, seeds, retain_graph, capture=None):
             if g is None:  # no use delivered a gradient: nor will this node
                 _release(node._parents, pending, ready)
                 continue
+            if g is ZERO:  # only "run anyway" markers came: the node's gradient is zero
+                g = np.broadcast_to(np.zeros((), node.data.dtype), node.data.shape)
             if node._hooks:
                 g = materialize(g)
                 for hook in list(node._hooks):
@@ -466,10 +485,12 @@ def _run(roots, seeds, retain_graph, capture=None):
                 if not parent.requires_grad:
                     continue
                 key = id(parent)
-                if pg is not None:
+                if pg is ZERO:  # run the parent, but add nothing to what it receives
+                    grads.setdefault(key, ZERO)
+                elif pg is not None:
                     pg = _as_grad(pg, parent.data)
                     prev = grads.get(key)
-                    grads[key] = pg if prev is None else _add(prev, pg)
+                    grads[key] = pg if prev is None or prev is ZERO else _add(prev, pg)
                 pending[key] -= 1
                 if pending[key] == 0:
                     ready.append(parent)

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from everyo import _buffers, kernel_table
+from everyo import _buffers, autograd, kernel_table
 from everyo.axes import normalize_axis
 from everyo.dispatch import primitive
 from everyo.errors import EveryODTypeError, EveryOIndexError, EveryOShapeError
@@ -43,8 +43,9 @@ def multi_output(
     every further output is a child of it whose backward only *relays* its
     gradient into a shared list. Children come after their parent in any
     topological order, so every relay has run before the op's backward reads
-    the list. A relay hands its parent a zero gradient, which makes sure the
-    op's backward runs even when only a secondary output was used.
+    the list. A relay hands its parent :data:`everyo.autograd.ZERO`, which makes
+    sure the op's backward runs even when only a secondary output was used,
+    and adds nothing to the first output's own gradient.
     """
     received = [None] * len(datas)
 
@@ -56,16 +57,15 @@ def multi_output(
 
     first = Tensor._from_op(datas[0], tuple(parents), op_backward)
     outputs = [first]
-    zero = np.zeros((), dtype=datas[0].dtype)  # broadcast by autograd, costs nothing
     for i in range(1, len(datas)):
-        outputs.append(Tensor._from_op(datas[i], (first,), _relay(received, i, zero)))
+        outputs.append(Tensor._from_op(datas[i], (first,), _relay(received, i)))
     return outputs
 
 
-def _relay(received, i, zero):
+def _relay(received, i):
     def backward(g):
         received[i] = g
-        return (zero,)
+        return (autograd.ZERO,)
 
     return backward
 
