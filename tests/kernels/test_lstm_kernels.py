@@ -353,9 +353,10 @@ def test_a_disagreeing_blas_runs_one_part(monkeypatch, split):
 def test_one_part_unless_threads_cores_and_work_allow_more(monkeypatch):
     monkeypatch.setattr(_blas, "machine_busy", lambda: False)
     monkeypatch.setattr(recurrent, "blas_threads", lambda: 2)
-    assert recurrent.THREADS == 1 and recurrent._parts(32, 128, 50) == 1  # off unless switched on
+    assert recurrent.THREADS == 2 and recurrent._parts(32, 128, 50) == 2  # the benchmark's LSTM, idle 2 cores
+    monkeypatch.setattr(recurrent, "THREADS", 1)
+    assert recurrent._parts(32, 128, 50) == 1  # switched off
     monkeypatch.setattr(recurrent, "THREADS", 2)
-    assert recurrent._parts(32, 128, 50) == 2  # the benchmark's LSTM on an idle 2-core machine
     assert recurrent._parts(32, 128, 1) == 1  # too little work for a second thread
     assert recurrent._parts(12, 128, 50) == 1  # 6-row parts: fewer than MIN_ROWS
     assert recurrent._parts(64, 512, 50) == 1  # products OpenBLAS splits over its own threads

@@ -22,6 +22,12 @@ thread count of 1 -- a ``spawn`` worker's, ``threadpool_limits(1)`` -- is left
 alone: nothing is called). Where OpenBLAS is not found (another BLAS, another
 OS) :func:`matmul` is ``np.matmul`` and NumPy runs as configured. Set
 ``SMALL_MNK = 0`` to turn the rule off.
+
+With everyo-kernels, a large 2-D product into an ``out`` array may instead run
+as two row parts on two threads of EveryO's own, each on one BLAS thread
+(kernel ``split_matmul``): only right after an LSTM scan used those threads,
+and only for shapes whose parts were found to give the whole product's bits
+(everyo-kernels' ``pair`` module).
 """
 
 from __future__ import annotations
@@ -38,7 +44,9 @@ if TYPE_CHECKING:
 
 import numpy as np
 
-__all__ = ["SMALL_MNK", "OPENBLAS_SINGLE", "machine_busy", "matmul", "threads_for"]
+from everyo import kernel_table
+
+__all__ = ["SMALL_MNK", "OPENBLAS_SINGLE", "machine_busy", "matmul", "threads_for", "single_thread"]
 
 SMALL_MNK = 1 << 23  # about 0.2 ms of single-thread float32 work on the development machine
 # OpenBLAS's own rule (interface/gemm.c: 65536 * GEMM_MULTITHREAD_THRESHOLD 4): at or below it,
@@ -136,7 +144,12 @@ def matmul(x: np.ndarray, y: np.ndarray, out: np.ndarray | None = None) -> np.nd
     (``OPENBLAS_SINGLE <= m * n * k < SMALL_MNK``; below that OpenBLAS uses one anyway),
     or when :func:`machine_busy`."""
     if x.ndim >= 2 and y.ndim >= 2:
-        previous = _one_thread(x.shape[-2] * x.shape[-1] * y.shape[-1])
+        mnk = x.shape[-2] * x.shape[-1] * y.shape[-1]
+        if mnk >= SMALL_MNK and out is not None and x.ndim == 2 and y.ndim == 2:
+            split = kernel_table.get("split_matmul")
+            if split is not None and split(x, y, out):
+                return out
+        previous = _one_thread(mnk)
         if previous is not None:
             try:
                 return np.matmul(x, y, out=out)
@@ -151,6 +164,29 @@ def threads_for(mnk: int) -> Iterator[None]:
     (``m * n * k``) each: for compiled code (everyo-kernels) that calls NumPy's
     BLAS itself, many times, in one call."""
     previous = _one_thread(mnk)
+    try:
+        yield
+    finally:
+        if previous is not None:
+            _restore(previous)
+
+
+@contextlib.contextmanager
+def single_thread() -> Iterator[None]:
+    """Run the block on one OpenBLAS thread (where OpenBLAS is found and has more),
+    restoring the count after: for compiled code that splits a product's rows
+    over threads of its own."""
+    global _threads
+    if _threads is None:
+        _threads = _find()
+    previous = None
+    if _threads:
+        get, put = _threads
+        previous = get()
+        if previous > 1:
+            put(1)
+        else:
+            previous = None
     try:
         yield
     finally:

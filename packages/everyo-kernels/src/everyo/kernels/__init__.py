@@ -28,6 +28,7 @@ from everyo.kernels.embedding import embedding_backward
 from everyo.kernels.float16 import half_codes, half_to_float, round_to_half
 from everyo.kernels.gelu import gelu_backward, gelu_forward
 from everyo.kernels.optim import adam_update
+from everyo.kernels.pair import split_matmul
 from everyo.kernels.pool import max_pool_backward, max_pool_forward
 from everyo.kernels.recurrent import (
     lstm_backward_scan,
@@ -84,6 +85,8 @@ TABLE: dict[str, Callable[..., Any]] = {
 }
 if _NATIVE:  # they call NumPy's own BLAS and tanh loop (everyo.kernels._native): only where those were found
     TABLE |= {"lstm_forward_scan": lstm_forward_scan, "lstm_backward_scan": lstm_backward_scan}
+    # the scans' two threads (everyo.kernels.pair) wake it: it splits only while they are awake
+    TABLE["split_matmul"] = split_matmul
 
 
 def describe() -> str:

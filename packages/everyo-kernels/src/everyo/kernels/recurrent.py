@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from everyo import _blas
+from everyo.kernels import pair
 from everyo.kernels._jit import helper, kernel
 from everyo.kernels._native import TANH, blas_threads, gemm, gemm_address, ufunc_call
 
@@ -196,7 +197,7 @@ def _lstm_backward(blas, acts, tanh_cs, cs, c0, w4_t, g, has_g, dh, dc, d_step, 
 # spins on the second core for ~0.1 s after each of the step's large two-thread products
 # (input projection, weight gradients), and an idle second core took milliseconds to join
 # in; only back to back, on a free core, did the forward scan run 1.7x faster (README).
-THREADS = 1
+THREADS = 2
 MIN_ROWS = 8  # rows of each thread's part: fewer make BLAS's per-call cost dominate
 MIN_WORK = 1 << 24  # steps * B * H * H below this (~0.5 ms of products): one thread
 
@@ -254,6 +255,9 @@ def _run(loop: Any, args: tuple, dtype: Any, batch: int, hidden: int, steps: int
             loop(*args, 0, batch)
             return
         cuts = _cuts(batch, parts)
+        if parts == 2:  # the pair's worker, kept awake between the step's jobs
+            pair.run(lambda: loop(*args, 0, cuts[1]), lambda: loop(*args, cuts[1], batch))
+            return
         helpers = [threading.Thread(target=loop, args=(*args, cuts[p], cuts[p + 1])) for p in range(1, parts)]
         for helper_thread in helpers:
             helper_thread.start()

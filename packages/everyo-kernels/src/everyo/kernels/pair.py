@@ -1,0 +1,315 @@
+"""A second thread kept awake between the jobs of a step (the LSTM on two cores).
+
+An LSTM training step is a chain of work too small for OpenBLAS's own
+threads: 100 recurrent (32, 128) @ (128, 128 x 4) products and their gate
+passes, in two scans, plus a few larger products around them (the input
+projection, the weight gradients). Two things kept a second core from
+helping (everyo-kernels README, "The whole-loop LSTM kernels"):
+
+- a thread started, or woken from sleep, for each scan: 0.17 ms after 10 ms
+  idle on the development VM, up to 5 ms;
+- OpenBLAS's own worker, which spins on the second core for ~0.1 s after each
+  product it splits (the input projection, the weight gradients), so a thread
+  of ours never found that core free.
+
+So the pair is one worker thread that, after each job, stays awake for
+``SPIN_S`` (a compiled loop, outside the GIL, calling ``sched_yield`` each
+time round so any other runnable thread gets the core first) and then
+sleeps on an event. While it is awake, the step's large 2-D products are
+split in two halves (rows or columns) over it and the caller, each on one OpenBLAS thread
+(:func:`split_matmul`), so OpenBLAS's workers are never woken; and the
+LSTM's scans run their batch as two row ranges on it and the caller
+(``everyo.kernels.recurrent``).
+
+Results stay bit-identical to core's NumPy path: a product is split only for
+a (dtype, shape, layouts, BLAS threads) whose halves, each computed alone on one thread, were
+found to have the bits of the whole product computed as core computes it
+(on the threads OpenBLAS has now): checked once per shape with random
+operands (:func:`_parts_agree`). That check wakes OpenBLAS's workers once;
+the next split waits until they are asleep again (``SETTLE_S``).
+
+Nothing of this runs at import: the worker starts at the first job. It is a
+daemon thread; a ``fork`` child starts its own (the pid is checked).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from llvmlite import ir
+from numba import types
+from numba.extending import intrinsic
+
+from everyo import _blas
+from everyo.kernels._jit import kernel
+from everyo.kernels._native import blas_threads
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+__all__ = ["SPIN_S", "SETTLE_S", "MIN_ROWS", "MIN_MNK", "awake", "run", "split_matmul"]
+
+SPIN_S = 0.005  # how long the worker stays awake after a job
+# How long OpenBLAS's workers spin after a product they split (2^28 cycles by default;
+# `python benchmarks/harness.py --gap`: still a core at 0.05 s, nothing from 0.2 s).
+SETTLE_S = 0.2
+MIN_ROWS = 8  # rows of each part of a split product
+MIN_MNK = _blas.SMALL_MNK  # smaller products stay on one thread anyway (core's rule)
+# Products (dtype, shape, layout, BLAS threads) checked per process; later new ones are not
+# split. Each check costs the product twice and up to SETTLE_S of sleep: at most 8 of
+# them (a training loop has three per LSTM layer, and as many more for a last, smaller
+# batch); a loop whose shapes keep changing runs its later shapes as core does.
+MAX_SHAPES = 8
+
+_IDLE, _POSTED, _DONE = 0, 1, 2
+
+
+@intrinsic
+def _call(typingctx, address):
+    """``int f(void)`` at ``address`` (here ``sched_yield``)."""
+    sig = types.int32(types.int64)
+
+    def codegen(context, builder, signature, args):
+        fnty = ir.FunctionType(ir.IntType(32), [])
+        return builder.call(builder.inttoptr(args[0], fnty.as_pointer()), [])
+
+    return sig, codegen
+
+
+@intrinsic
+def _cycles(typingctx):
+    """The CPU's cycle counter (``llvm.readcyclecounter``: ``rdtsc`` on x86-64)."""
+    sig = types.int64()
+
+    def codegen(context, builder, signature, args):
+        fnty = ir.FunctionType(ir.IntType(64), [])
+        fn = builder.module.declare_intrinsic("llvm.readcyclecounter", fnty=fnty)
+        return builder.call(fn, [])
+
+    return sig, codegen
+
+
+@kernel
+def _poll(ctrl, yield_fn, ticks):
+    """Wait for ``ctrl[0] == _POSTED`` (True) for ``ticks`` cycles at most (False),
+    yielding the core on each round. The opaque call makes LLVM load ``ctrl[0]``
+    again each time."""
+    start = _cycles()
+    while ctrl[0] != 1:
+        _call(yield_fn)
+        if _cycles() - start > ticks:
+            return ctrl[0] == 1
+    return True
+
+
+@kernel
+def _finish_and_poll(ctrl, yield_fn, ticks):
+    """The worker's part is done: say so (``ctrl[0] = _DONE``) and poll for the next
+    job, in one call outside the GIL, so that the caller, once it sees the news,
+    never waits for the worker to let go of the GIL."""
+    ctrl[0] = 2
+    start = _cycles()
+    while ctrl[0] != 1:
+        _call(yield_fn)
+        if _cycles() - start > ticks:
+            return ctrl[0] == 1
+    return True
+
+
+@kernel
+def _wait_done(ctrl, yield_fn):
+    """Wait for ``ctrl[0] == _DONE`` (the worker's part finished)."""
+    while ctrl[0] != 2:
+        _call(yield_fn)
+
+
+@kernel
+def _read_cycles():
+    return _cycles()
+
+
+def _yield_address() -> int:
+    libc = ctypes.CDLL(None)
+    return int(ctypes.cast(libc.sched_yield, ctypes.c_void_p).value or 0)
+
+
+class _Worker:
+    """The thread and its handshake (``ctrl[0]``: idle, posted, done)."""
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self.ctrl = np.zeros(8, np.int64)  # one cache line; only [0] is used
+        self.yield_fn = _yield_address()
+        self.wake = threading.Event()
+        self.lock = threading.Lock()  # one caller at a time; others run their parts alone
+        self.job: Callable[[], Any] | None = None
+        self.error: BaseException | None = None
+        self.last = -1.0  # time.monotonic() when the last job ended
+        # cycles per second, for the spin's length: read around a short sleep
+        t0, c0 = time.perf_counter(), _read_cycles()
+        time.sleep(0.002)
+        rate = (_read_cycles() - c0) / (time.perf_counter() - t0)
+        self.ticks = int(max(rate, 1e6) * SPIN_S)
+        self.thread = threading.Thread(target=self._serve, name="everyo-kernels-pair", daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        ctrl, yield_fn, ticks = self.ctrl, self.yield_fn, self.ticks
+        posted = _poll(ctrl, yield_fn, ticks)
+        while True:
+            if posted:
+                job, self.job = self.job, None
+                try:
+                    if job is not None:
+                        job()
+                except BaseException as error:  # handed to the caller, which raises it
+                    self.error = error
+                posted = _finish_and_poll(ctrl, yield_fn, ticks)
+            else:
+                self.wake.wait()
+                self.wake.clear()
+                posted = _poll(ctrl, yield_fn, ticks)
+
+    def run(self, mine: Callable[[], Any], theirs: Callable[[], Any]) -> None:
+        if not self.lock.acquire(blocking=False):  # another thread is using the pair
+            mine()
+            theirs()
+            return
+        try:
+            self.error = None
+            self.job = theirs
+            self.ctrl[0] = _POSTED
+            self.wake.set()
+            try:
+                mine()
+            finally:  # the worker's part uses the same arrays: always wait for it
+                _wait_done(self.ctrl, self.yield_fn)
+                self.ctrl[0] = _IDLE
+                self.last = time.monotonic()
+            if self.error is not None:
+                error, self.error = self.error, None
+                raise error
+        finally:
+            self.lock.release()
+
+
+_worker: _Worker | None = None
+_start_lock = threading.Lock()
+
+
+def _get() -> _Worker:
+    global _worker
+    worker = _worker
+    if worker is None or worker.pid != os.getpid():
+        with _start_lock:
+            if _worker is None or _worker.pid != os.getpid():
+                _worker = _Worker()
+            worker = _worker
+    return worker
+
+
+def run(mine: Callable[[], Any], theirs: Callable[[], Any]) -> None:
+    """Run ``mine()`` on this thread and ``theirs()`` on the pair's worker, at
+    once; return when both have finished (an exception in either is raised
+    here). Both should spend their time outside the GIL (compiled ``nogil``
+    kernels, BLAS)."""
+    if threading.current_thread() is getattr(_worker, "thread", None):
+        mine()
+        theirs()
+        return
+    _get().run(mine, theirs)
+
+
+def awake() -> bool:
+    """Whether the worker ran a job in this process in the last ``SPIN_S``."""
+    worker = _worker
+    return worker is not None and worker.pid == os.getpid() and time.monotonic() - worker.last < SPIN_S
+
+
+# --- split products ----------------------------------------------------------------------
+
+_agree: dict[tuple, bool] = {}
+_settle_until = 0.0
+
+
+def _layout(a: np.ndarray) -> str | None:
+    if a.flags.c_contiguous:
+        return "C"
+    if a.flags.f_contiguous:
+        return "F"
+    return None
+
+
+def _operand(rng: np.random.Generator, shape: tuple[int, int], dtype: Any, layout: str) -> np.ndarray:
+    a = rng.standard_normal(shape).astype(dtype)
+    return a if layout == "C" else np.asfortranarray(a)
+
+
+def _halves(x: np.ndarray, y: np.ndarray, out: np.ndarray) -> tuple[tuple, tuple]:
+    """The two parts' ``(x, y, out)``: by rows of ``out`` where ``x`` has more rows
+    than ``y`` has columns, else by columns. Each part packs all of one operand
+    (a part of the other): by rows, both parts pack all of ``y``; so the split
+    duplicates the smaller operand's packing (``W_hh``'s gradient (128, 1600) @
+    (1600, 512): 1.34-1.42 ms by rows against 1.7 on one thread)."""
+    m, n = out.shape
+    if m >= n:
+        cut = m // 2
+        return (x[:cut], y, out[:cut]), (x[cut:], y, out[cut:])
+    cut = n // 2
+    return (x, y[:, :cut], out[:, :cut]), (x, y[:, cut:], out[:, cut:])
+
+
+def _parts_agree(key: tuple) -> bool:
+    """Whether the two halves of a product (:func:`_halves`), each on one BLAS thread, give the
+    bits of the whole product on BLAS's threads as set now (random operands);
+    once per key, at most ``MAX_SHAPES`` keys."""
+    global _settle_until
+    if key not in _agree:
+        if len(_agree) >= MAX_SHAPES:
+            return False
+        dtype, m, k, n, x_layout, y_layout, _ = key
+        rng = np.random.default_rng(0)
+        x, y = _operand(rng, (m, k), dtype, x_layout), _operand(rng, (k, n), dtype, y_layout)
+        whole = np.matmul(x, y)  # as core's _blas.matmul computes it on an idle machine
+        parts = np.empty_like(whole)
+        with _blas.single_thread():
+            for a, b, c in _halves(x, y, parts):
+                np.matmul(a, b, out=c)
+        _agree[key] = bool(np.array_equal(whole.view(np.uint8), parts.view(np.uint8)))
+        _settle_until = time.monotonic() + SETTLE_S  # that product woke OpenBLAS's workers
+    return _agree[key]
+
+
+def split_matmul(x: np.ndarray, y: np.ndarray, out: np.ndarray) -> bool:
+    """``np.matmul(x, y, out=out)`` as two halves (:func:`_halves`) on the pair (this
+    thread and the worker), each on one BLAS thread, and True; or False (nothing done) where
+    that does not apply: the worker is asleep (no LSTM scan just ran), the
+    machine is busy, BLAS has one thread, the product is small, the operands are
+    not float32/float64 2-D arrays of one dtype with contiguous rows or columns,
+    ``out`` is not C-contiguous, or the parts' bits were found to differ."""
+    if not awake() or x.ndim != 2 or y.ndim != 2 or out.ndim != 2:
+        return False
+    m, k = x.shape
+    n = y.shape[1]
+    dt = x.dtype
+    if m * k * n < MIN_MNK or min(m, n) < 2 * MIN_ROWS or dt != y.dtype or dt != out.dtype:
+        return False
+    if dt not in (np.dtype(np.float32), np.dtype(np.float64)) or not out.flags.c_contiguous:
+        return False
+    x_layout, y_layout = _layout(x), _layout(y)
+    if x_layout is None or y_layout is None or blas_threads() < 2 or _blas.machine_busy():
+        return False
+    if not _parts_agree((dt.name, m, k, n, x_layout, y_layout, blas_threads())):
+        return False
+    wait = _settle_until - time.monotonic()
+    if wait > 0:
+        time.sleep(wait)
+    (x0, y0, out0), (x1, y1, out1) = _halves(x, y, out)
+    with _blas.single_thread():
+        run(lambda: np.matmul(x0, y0, out=out0), lambda: np.matmul(x1, y1, out=out1))
+    return True

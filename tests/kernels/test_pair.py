@@ -1,0 +1,245 @@
+"""everyo-kernels' pair: a second thread kept awake between a step's jobs.
+
+The handshake (both parts run at once, the caller returns only when both have
+finished, errors reach the caller, a second caller or a fork child is served
+correctly) and the split products (the bits of ``np.matmul`` as core computes
+it, and no split where any condition fails). Nothing here waits on a clock:
+a part that must run beside the other waits for an event the other sets."""
+
+import os
+import threading
+import warnings
+
+import numpy as np
+import pytest
+from conftest import count_calls
+
+import everyo as eo
+from everyo import _blas, kernel_table
+from everyo.kernels import pair, recurrent
+
+DEADLOCK_GUARD_S = 120  # only ever reached if the parts do not run at once (the test then fails)
+
+
+def test_both_parts_run_at_once_on_two_threads():
+    started, seen = threading.Event(), {}
+
+    def theirs():
+        seen["theirs"] = threading.get_ident()
+        started.set()
+
+    def mine():
+        seen["mine"] = threading.get_ident()
+        seen["met"] = started.wait(DEADLOCK_GUARD_S)  # theirs runs while mine is still running
+
+    for _ in range(3):  # the worker started, then awake (or asleep again) for the next jobs
+        seen.clear()
+        started.clear()
+        pair.run(mine, theirs)
+        assert seen["met"] and seen["mine"] == threading.get_ident() != seen["theirs"]
+
+
+def test_run_returns_only_when_the_workers_part_is_done():
+    release, done = threading.Event(), []
+
+    def theirs():
+        assert release.wait(DEADLOCK_GUARD_S)
+        done.append("theirs")
+
+    def mine():
+        release.set()  # theirs may finish only after mine has returned
+        done.append("mine")
+
+    pair.run(mine, theirs)
+    assert sorted(done) == ["mine", "theirs"]
+
+
+def test_an_error_in_either_part_reaches_the_caller_after_both_ended():
+    done = []
+
+    def bad():
+        raise ValueError("part failed")
+
+    with pytest.raises(ValueError, match="part failed"):
+        pair.run(lambda: done.append("mine"), bad)
+    assert done == ["mine"]
+    with pytest.raises(ValueError, match="part failed"):
+        pair.run(bad, lambda: done.append("theirs"))
+    assert done == ["mine", "theirs"]  # the worker's part ran although the caller's failed
+    pair.run(lambda: done.append(1), lambda: done.append(2))  # the pair still works
+    assert sorted(done[2:]) == [1, 2]
+
+
+def test_a_second_caller_runs_its_parts_itself_while_the_pair_is_busy():
+    inside, leave, parts = threading.Event(), threading.Event(), []
+
+    def first():
+        pair.run(lambda: (inside.set(), leave.wait(DEADLOCK_GUARD_S)), lambda: parts.append("first's"))
+
+    thread = threading.Thread(target=first)
+    thread.start()
+    assert inside.wait(DEADLOCK_GUARD_S)
+    me = threading.get_ident()
+    idents = []
+    pair.run(lambda: idents.append(threading.get_ident()), lambda: idents.append(threading.get_ident()))
+    assert idents == [me, me]  # both parts on this thread: the worker was taken
+    leave.set()
+    thread.join()
+    assert parts == ["first's"]
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="fork only")
+def test_a_fork_child_gets_a_worker_of_its_own():
+    pair.run(lambda: None, lambda: None)  # the parent's worker exists
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # Python 3.12+: fork of a threaded process
+        pid = os.fork()
+    if pid == 0:  # the child: the parent's worker thread does not exist here
+        code = 1
+        try:
+            idents = []
+            pair.run(lambda: None, lambda: idents.append(threading.get_ident()))
+            ok = pair._worker is not None and pair._worker.pid == os.getpid()
+            code = 0 if ok and idents and idents[0] != threading.get_ident() else 1
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+
+
+# --- split products ----------------------------------------------------------------------
+
+
+@pytest.fixture
+def split_on(monkeypatch):
+    """The conditions that make split_matmul split: the worker awake, the machine not busy,
+    two BLAS threads; a fresh record of checked shapes, and no settling sleep."""
+    monkeypatch.setattr(pair, "awake", lambda: True)
+    monkeypatch.setattr(_blas, "machine_busy", lambda: False)
+    monkeypatch.setattr(pair, "blas_threads", lambda: 2)
+    monkeypatch.setattr(pair, "_agree", {})
+    monkeypatch.setattr(pair, "SETTLE_S", 0.0)
+
+
+def _matrix(rng, shape, dtype, layout):
+    a = rng.standard_normal(shape).astype(dtype)
+    return a if layout == "C" else np.asfortranarray(a)
+
+
+@pytest.mark.parametrize(
+    ("m", "k", "n", "x_layout", "dtype"),
+    [
+        (1600, 33, 512, "C", np.float32),  # the benchmark LSTM's input projection: by rows
+        (128, 1600, 512, "F", np.float32),  # W_hh's gradient, prev.T @ d: by columns
+        (33, 1600, 512, "F", np.float32),  # W_ih's (and the bias row's) gradient
+        (1601, 37, 301, "C", np.float32),  # odd sizes, no SIMD width divides them
+        (64, 700, 301, "F", np.float32),  # K between one and two of OpenBLAS's K blocks
+        (512, 300, 64, "C", np.float64),
+    ],
+)
+def test_split_products_have_the_bits_of_matmul(split_on, m, k, n, x_layout, dtype):
+    rng = np.random.default_rng(m + k + n)
+    x, y = _matrix(rng, (m, k), dtype, x_layout), _matrix(rng, (k, n), dtype, "C")
+    want = np.matmul(x, y)  # as core computes it (BLAS's threads as set)
+    out = np.full((m, n), np.nan, dtype)
+    did = pair.split_matmul(x, y, out)
+    key = (np.dtype(dtype).name, m, k, n, x_layout, "C", 2)
+    assert did == pair._agree[key]  # split exactly where its check found the parts' bits equal
+    if did:
+        assert np.array_equal(out.view(np.uint8), want.view(np.uint8))
+    else:
+        assert np.isnan(out).all()  # nothing written: core then runs its own product
+
+
+def test_the_check_finds_a_blas_whose_parts_differ(split_on, monkeypatch):
+    matmul = np.matmul
+
+    def off_by_rows(a, b, out=None):  # a BLAS whose bits depend on how many rows it is given
+        r = matmul(a, b) * (1 + a.shape[0] * np.finfo(a.dtype).eps)
+        if out is None:
+            return r
+        out[...] = r
+        return out
+
+    monkeypatch.setattr(pair.np, "matmul", off_by_rows)
+    x, y = np.ones((1600, 33), np.float32), np.ones((33, 512), np.float32)
+    out = np.zeros((1600, 512), np.float32)
+    assert not pair.split_matmul(x, y, out)
+    assert pair._agree == {("float32", 1600, 33, 512, "C", "C", 2): False}
+    assert not out.any()
+
+
+def test_no_split_unless_every_condition_holds(split_on, monkeypatch):
+    rng = np.random.default_rng(3)
+    x, y = rng.standard_normal((1600, 33)).astype(np.float32), rng.standard_normal((33, 512)).astype(np.float32)
+    out = np.empty((1600, 512), np.float32)
+    cases = [
+        (x[:8], y, out[:8]),  # small: stays on one thread under core's rule anyway
+        (x, y.astype(np.float64), out),  # mixed dtypes
+        (x.astype(np.float16), y.astype(np.float16), np.zeros((1600, 512), np.float16)),
+        (x, y, np.empty((512, 1600), np.float32).T),  # out not C-contiguous
+        (x[::2], y, out[:800]),  # rows of x neither C- nor F-contiguous
+        (np.ones((20, 8 * 1024 * 1024 // 20 // 512 + 1), np.float32), np.ones((420, 20), np.float32), out[:20, :20]),
+    ]
+    for a, b, o in cases:
+        assert not pair.split_matmul(a, b, o), (a.shape, b.shape, a.dtype)
+    assert pair.split_matmul(x, y, out)  # all conditions hold
+    for attribute, value in (("awake", lambda: False), ("blas_threads", lambda: 1)):
+        with monkeypatch.context() as m:
+            m.setattr(pair, attribute, value)
+            assert not pair.split_matmul(x, y, out), attribute
+    with monkeypatch.context() as m:
+        m.setattr(_blas, "machine_busy", lambda: True)
+        assert not pair.split_matmul(x, y, out)
+
+
+def test_at_most_max_shapes_are_checked(split_on, monkeypatch):
+    monkeypatch.setattr(pair, "MAX_SHAPES", 2)
+    rng = np.random.default_rng(4)
+    did = []
+    for m in (1600, 1601, 1602):
+        x, y = rng.standard_normal((m, 33)).astype(np.float32), rng.standard_normal((33, 512)).astype(np.float32)
+        did.append(pair.split_matmul(x, y, np.empty((m, 512), np.float32)))
+    assert len(pair._agree) == 2 and not did[2]
+
+
+def test_single_thread_sets_one_blas_thread_and_restores_the_count():
+    threadpoolctl = pytest.importorskip("threadpoolctl")
+    with threadpoolctl.threadpool_limits(2):
+        before = recurrent.blas_threads()
+        with _blas.single_thread():
+            assert recurrent.blas_threads() == 1
+        assert recurrent.blas_threads() == before
+
+
+def test_lstm_training_steps_on_the_pair_match_the_numpy_path(monkeypatch):
+    # The benchmark's LSTM step with everything on (scans on two threads, its large
+    # products split), against kernels off: the same bits, step after step.
+    monkeypatch.setattr(_blas, "machine_busy", lambda: False)
+    monkeypatch.setattr(recurrent, "blas_threads", lambda: 2)
+    monkeypatch.setattr(pair, "blas_threads", lambda: 2)
+    monkeypatch.setattr(pair, "awake", lambda: True)
+    monkeypatch.setattr(pair, "_agree", {})
+    monkeypatch.setattr(pair, "SETTLE_S", 0.0)
+
+    def train(steps=3):
+        eo.manual_seed(0)
+        model = eo.LSTM(32, 128)
+        rng = np.random.default_rng(5)
+        x = eo.tensor(rng.standard_normal((32, 50, 32), dtype=np.float32))
+        y = eo.tensor(rng.standard_normal((32, 50, 128), dtype=np.float32))
+        opt = eo.SGD(model.parameters(), lr=0.01)
+        for _ in range(steps):
+            loss = eo.sum(model(x)[0] * y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        return [p.data.copy() for p in model.parameters()] + [np.asarray(loss.data).reshape(1)]
+
+    with kernel_table.disabled():
+        want = train()
+    calls = count_calls(monkeypatch, ("split_matmul", "lstm_forward_scan"))
+    got = train()
+    for g, w in zip(got, want):
+        assert np.array_equal(g.view(np.uint8), w.view(np.uint8))
+    assert calls["lstm_forward_scan"] == 3 and calls["split_matmul"] >= 3 * 3
