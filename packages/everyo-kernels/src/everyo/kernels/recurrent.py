@@ -192,11 +192,12 @@ def _lstm_backward(blas, acts, tanh_cs, cs, c0, w4_t, g, has_g, dh, dc, d_step, 
                 dh[b, j] = ((back[0, b, j] + back[1, b, j]) + back[2, b, j]) + back[3, b, j]
 
 
-# The most threads a scan runs its rows on. 1 (off): in the benchmark's LSTM training step
-# two threads were slower on the development machine (2 cores, a VM): OpenBLAS's worker
-# spins on the second core for ~0.1 s after each of the step's large two-thread products
-# (input projection, weight gradients), and an idle second core took milliseconds to join
-# in; only back to back, on a free core, did the forward scan run 1.7x faster (README).
+# The most threads a scan runs its rows on (1: off). Two run on the caller and the pair's
+# worker (everyo.kernels.pair), kept awake between the step's jobs; with a thread started
+# per scan, two were slower on the development machine (2 cores, a VM): OpenBLAS's worker
+# spun on the second core after the step's large products and an idle core took
+# milliseconds to join in. The pair also splits those products, so OpenBLAS's workers stay
+# asleep: the benchmark's LSTM step 10.5 -> 7.9 ms (README).
 THREADS = 2
 MIN_ROWS = 8  # rows of each thread's part: fewer make BLAS's per-call cost dominate
 MIN_WORK = 1 << 24  # steps * B * H * H below this (~0.5 ms of products): one thread
