@@ -107,6 +107,37 @@ def test_a_fork_child_gets_a_worker_of_its_own():
     assert os.waitstatus_to_exitcode(status) == 0
 
 
+def test_where_no_thread_can_start_both_parts_run_here(monkeypatch):
+    # e.g. an LSTM called late in interpreter finalization: "can't create new thread at interpreter shutdown"
+    def refuse(self):
+        raise RuntimeError("can't create new thread at interpreter shutdown")
+
+    monkeypatch.setattr(pair, "_worker", None)
+    monkeypatch.setattr(threading.Thread, "start", refuse)
+    me, idents = threading.get_ident(), []
+    pair.run(lambda: idents.append(threading.get_ident()), lambda: idents.append(threading.get_ident()))
+    assert idents == [me, me]
+
+
+def test_an_lstm_in_an_atexit_handler_still_runs():
+    import subprocess
+    import sys
+
+    code = (
+        "import atexit, numpy as np, everyo as eo\n"
+        "from everyo import _blas\n"
+        "from everyo.kernels import recurrent\n"
+        "_blas.machine_busy = lambda: False\n"
+        "recurrent.blas_threads = lambda: 2\n"
+        "def late():\n"
+        "    y = eo.LSTM(32, 128)(eo.tensor(np.ones((32, 50, 32), np.float32)))[0]\n"
+        "    print('ran', y.shape)\n"
+        "atexit.register(late)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert done.returncode == 0 and "ran (32, 50, 128)" in done.stdout, done.stderr
+
+
 # --- split products ----------------------------------------------------------------------
 
 

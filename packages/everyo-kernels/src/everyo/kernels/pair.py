@@ -217,12 +217,19 @@ def run(mine: Callable[[], Any], theirs: Callable[[], Any]) -> None:
     """Run ``mine()`` on this thread and ``theirs()`` on the pair's worker, at
     once; return when both have finished (an exception in either is raised
     here). Both should spend their time outside the GIL (compiled ``nogil``
-    kernels, BLAS)."""
-    if threading.current_thread() is getattr(_worker, "thread", None):
+    kernels, BLAS). Where no thread can be started (interpreter shutdown), or
+    when called from the worker itself, both run here, one after the other."""
+    worker = None
+    if threading.current_thread() is not getattr(_worker, "thread", None):
+        try:
+            worker = _get()
+        except RuntimeError:  # no new thread now (interpreter shutdown, an atexit handler)
+            worker = None
+    if worker is None:
         mine()
         theirs()
         return
-    _get().run(mine, theirs)
+    worker.run(mine, theirs)
 
 
 def awake() -> bool:
