@@ -24,9 +24,9 @@ OS) :func:`matmul` is ``np.matmul`` and NumPy runs as configured. Set
 ``SMALL_MNK = 0`` to turn the rule off.
 
 With everyo-kernels, a large 2-D product into an ``out`` array may instead run
-as two row parts on two threads of EveryO's own, each on one BLAS thread
+as two halves (rows or columns) on two threads of EveryO's own, each on one BLAS thread
 (kernel ``split_matmul``): only right after an LSTM scan used those threads,
-and only for shapes whose parts were found to give the whole product's bits
+and only for shapes whose halves were found to give the whole product's bits
 (everyo-kernels' ``pair`` module).
 """
 
@@ -117,20 +117,26 @@ def machine_busy() -> bool:
     return _busy
 
 
+def _set_one() -> int | None:
+    """Set one OpenBLAS thread where more are set: return the count to restore (with
+    :func:`_restore`), or None (one already, or no OpenBLAS found)."""
+    global _threads
+    if _threads is None:
+        _threads = _find()
+    if _threads:
+        get, put = _threads
+        previous = get()
+        if previous > 1:
+            put(1)
+            return previous
+    return None
+
+
 def _one_thread(mnk: int) -> int | None:
     """Apply the thread rule to products of ``mnk`` (``m * n * k``) each: when it asks
-    for one BLAS thread and more are set, set one and return the count to restore
-    (with :func:`_restore`); else None."""
-    global _threads
+    for one BLAS thread, :func:`_set_one`; else None."""
     if mnk >= OPENBLAS_SINGLE and (mnk < SMALL_MNK or machine_busy()):
-        if _threads is None:
-            _threads = _find()
-        if _threads:
-            get, put = _threads
-            previous = get()
-            if previous > 1:
-                put(1)
-                return previous
+        return _set_one()
     return None
 
 
@@ -174,19 +180,9 @@ def threads_for(mnk: int) -> Iterator[None]:
 @contextlib.contextmanager
 def single_thread() -> Iterator[None]:
     """Run the block on one OpenBLAS thread (where OpenBLAS is found and has more),
-    restoring the count after: for compiled code that splits a product's rows
-    over threads of its own."""
-    global _threads
-    if _threads is None:
-        _threads = _find()
-    previous = None
-    if _threads:
-        get, put = _threads
-        previous = get()
-        if previous > 1:
-            put(1)
-        else:
-            previous = None
+    restoring the count after: for code that splits a product over threads of
+    its own."""
+    previous = _set_one()
     try:
         yield
     finally:

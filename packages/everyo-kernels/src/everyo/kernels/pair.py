@@ -52,14 +52,13 @@ from everyo.kernels._native import blas_threads
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-__all__ = ["SPIN_S", "SETTLE_S", "MIN_ROWS", "MIN_MNK", "awake", "run", "split_matmul"]
+__all__ = ["SPIN_S", "SETTLE_S", "MIN_ROWS", "awake", "run", "split_matmul"]
 
 SPIN_S = 0.005  # how long the worker stays awake after a job
 # How long OpenBLAS's workers spin after a product they split (2^28 cycles by default;
 # `python benchmarks/harness.py --gap`: still a core at 0.05 s, nothing from 0.2 s).
 SETTLE_S = 0.2
 MIN_ROWS = 8  # rows of each part of a split product
-MIN_MNK = _blas.SMALL_MNK  # smaller products stay on one thread anyway (core's rule)
 # Products (dtype, shape, layout, BLAS threads) checked per process; later new ones are not
 # split. Each check costs the product twice and up to SETTLE_S of sleep: at most 8 of
 # them (a training loop has three per LSTM layer, and as many more for a last, smaller
@@ -95,36 +94,26 @@ def _cycles(typingctx):
 
 
 @kernel
-def _poll(ctrl, yield_fn, ticks):
+def _poll(ctrl, yield_fn, ticks, finished):
     """Wait for ``ctrl[0] == _POSTED`` (True) for ``ticks`` cycles at most (False),
-    yielding the core on each round. The opaque call makes LLVM load ``ctrl[0]``
-    again each time."""
+    yielding the core on each round (the opaque call makes LLVM load ``ctrl[0]``
+    again each time). With ``finished``, first say that the worker's part is done
+    (``ctrl[0] = _DONE``): in the same call outside the GIL, so the caller, once it
+    sees the news, never waits for the worker to let go of the GIL."""
+    if finished:
+        ctrl[0] = _DONE
     start = _cycles()
-    while ctrl[0] != 1:
+    while ctrl[0] != _POSTED:
         _call(yield_fn)
         if _cycles() - start > ticks:
-            return ctrl[0] == 1
-    return True
-
-
-@kernel
-def _finish_and_poll(ctrl, yield_fn, ticks):
-    """The worker's part is done: say so (``ctrl[0] = _DONE``) and poll for the next
-    job, in one call outside the GIL, so that the caller, once it sees the news,
-    never waits for the worker to let go of the GIL."""
-    ctrl[0] = 2
-    start = _cycles()
-    while ctrl[0] != 1:
-        _call(yield_fn)
-        if _cycles() - start > ticks:
-            return ctrl[0] == 1
+            return ctrl[0] == _POSTED
     return True
 
 
 @kernel
 def _wait_done(ctrl, yield_fn):
     """Wait for ``ctrl[0] == _DONE`` (the worker's part finished)."""
-    while ctrl[0] != 2:
+    while ctrl[0] != _DONE:
         _call(yield_fn)
 
 
@@ -160,7 +149,7 @@ class _Worker:
 
     def _serve(self) -> None:
         ctrl, yield_fn, ticks = self.ctrl, self.yield_fn, self.ticks
-        posted = _poll(ctrl, yield_fn, ticks)
+        posted = _poll(ctrl, yield_fn, ticks, False)
         while True:
             if posted:
                 job, self.job = self.job, None
@@ -169,11 +158,11 @@ class _Worker:
                         job()
                 except BaseException as error:  # handed to the caller, which raises it
                     self.error = error
-                posted = _finish_and_poll(ctrl, yield_fn, ticks)
+                posted = _poll(ctrl, yield_fn, ticks, True)
             else:
                 self.wake.wait()
                 self.wake.clear()
-                posted = _poll(ctrl, yield_fn, ticks)
+                posted = _poll(ctrl, yield_fn, ticks, False)
 
     def run(self, mine: Callable[[], Any], theirs: Callable[[], Any]) -> None:
         if not self.lock.acquire(blocking=False):  # another thread is using the pair
@@ -304,7 +293,7 @@ def split_matmul(x: np.ndarray, y: np.ndarray, out: np.ndarray) -> bool:
     m, k = x.shape
     n = y.shape[1]
     dt = x.dtype
-    if m * k * n < MIN_MNK or min(m, n) < 2 * MIN_ROWS or dt != y.dtype or dt != out.dtype:
+    if m * k * n < _blas.SMALL_MNK or min(m, n) < 2 * MIN_ROWS or dt != y.dtype or dt != out.dtype:
         return False
     if dt not in (np.dtype(np.float32), np.dtype(np.float64)) or not out.flags.c_contiguous:
         return False
