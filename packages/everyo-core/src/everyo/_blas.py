@@ -19,7 +19,11 @@ on first use through /proc/self/maps, never at import; the calls threadpoolctl
 makes), set to 1 around the product and restored to the count read just
 before, so the setting is back as it was when the product returns (and a
 thread count of 1 -- a ``spawn`` worker's, ``threadpool_limits(1)`` -- is left
-alone: nothing is called). Where OpenBLAS is not found (another BLAS, another
+alone: nothing is called). OpenBLAS keeps one count for the whole process (its
+``openblas_set_num_threads_local`` sets that same global count), so EveryO counts
+the holds of all its threads together and the last to end restores the count
+(:func:`_set_one`); a count another thread sets while a hold is in force is
+overwritten when it ends, so set thread limits around EveryO's calls, not beside them. Where OpenBLAS is not found (another BLAS, another
 OS) :func:`matmul` is ``np.matmul`` and NumPy runs as configured. Set
 ``SMALL_MNK = 0`` to turn the rule off.
 
@@ -36,6 +40,7 @@ import contextlib
 import ctypes
 import os
 import sys
+import threading
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -54,6 +59,10 @@ SMALL_MNK = 1 << 23  # about 0.2 ms of single-thread float32 work on the develop
 OPENBLAS_SINGLE = 65536 * 4
 
 _threads: Any = None  # (get, set) once found; False when there is none
+_hold_lock = threading.Lock()
+_held = 0  # holds of one thread now in force (all of this process's threads)
+_saved = 1  # the count the first of them found, restored when the last ends
+_hold_pid = os.getpid()  # the process the holds belong to (a fork child starts afresh)
 
 BUSY_CHECK_S = 0.1
 _CORES = os.cpu_count() or 1
@@ -118,17 +127,31 @@ def machine_busy() -> bool:
 
 
 def _set_one() -> int | None:
-    """Set one OpenBLAS thread where more are set: return the count to restore (with
-    :func:`_restore`), or None (one already, or no OpenBLAS found)."""
-    global _threads
-    if _threads is None:
-        _threads = _find()
-    if _threads:
-        get, put = _threads
-        previous = get()
-        if previous > 1:
-            put(1)
-            return previous
+    """Hold one OpenBLAS thread: return a token for :func:`_restore`, or None (OpenBLAS
+    has one thread already, or none was found).
+
+    OpenBLAS's count is one number for the whole process, so the holds of all of
+    EveryO's threads are counted together: the first sets 1 and remembers the count it
+    found, the last to end restores it. (Without the count, one thread's restore
+    gave 2 threads back while another thread's split product or scan still ran on
+    what it took for one: bits other than those its check found.) A count of 1 set
+    from outside (a ``spawn`` worker's, ``threadpool_limits(1)``) is left alone."""
+    global _threads, _held, _saved
+    if _hold_pid != os.getpid():
+        _after_fork()
+    with _hold_lock:
+        if _held:
+            _held += 1
+            return _saved
+        if _threads is None:
+            _threads = _find()
+        if _threads:
+            get, put = _threads
+            previous = get()
+            if previous > 1:
+                put(1)
+                _held, _saved = 1, previous
+                return previous
     return None
 
 
@@ -141,8 +164,26 @@ def _one_thread(mnk: int) -> int | None:
 
 
 def _restore(previous: int) -> None:
-    assert _threads  # _one_thread found the setters before it returned a count
-    _threads[1](previous)
+    """End a hold of :func:`_set_one` (``previous``: its token); the last one to end
+    puts back the count the first found."""
+    global _held
+    assert _threads  # _set_one found the setters before it returned a token
+    with _hold_lock:
+        if _held > 0:  # 0: a fork child already gave the count back (_after_fork)
+            _held -= 1
+            if _held == 0:
+                _threads[1](_saved)
+
+
+def _after_fork() -> None:
+    """In a child forked while a thread of the parent held one thread: that thread
+    is not in the child, so its hold never ends; give the count back, and start
+    the lock afresh (the parent's may have been taken at the fork)."""
+    global _hold_lock, _held, _hold_pid
+    _hold_lock = threading.Lock()
+    if _held and _threads:
+        _threads[1](_saved)
+    _held, _hold_pid = 0, os.getpid()
 
 
 def matmul(x: np.ndarray, y: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
