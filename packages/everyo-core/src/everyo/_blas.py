@@ -23,8 +23,8 @@ alone: nothing is called). OpenBLAS keeps one count for the whole process (its
 ``openblas_set_num_threads_local`` sets that same global count), so EveryO counts
 the holds of all its threads together and the last to end restores the count
 (:func:`_set_one`); a count another thread sets while a hold is in force is
-overwritten when it ends, so set thread limits around EveryO's calls, not beside them. Where OpenBLAS is not found (another BLAS, another
-OS) :func:`matmul` is ``np.matmul`` and NumPy runs as configured. Set
+overwritten when it ends, so set thread limits around EveryO's calls, not beside
+them. Where OpenBLAS is not found (another BLAS, another OS) :func:`matmul` is ``np.matmul`` and NumPy runs as configured. Set
 ``SMALL_MNK = 0`` to turn the rule off.
 
 With everyo-kernels, a large 2-D product into an ``out`` array may instead run
@@ -126,9 +126,9 @@ def machine_busy() -> bool:
     return _busy
 
 
-def _set_one() -> int | None:
-    """Hold one OpenBLAS thread: return a token for :func:`_restore`, or None (OpenBLAS
-    has one thread already, or none was found).
+def _set_one() -> bool:
+    """Hold one OpenBLAS thread: True when a hold was taken (end it with
+    :func:`_restore`), False where OpenBLAS has one thread already or none was found.
 
     OpenBLAS's count is one number for the whole process, so the holds of all of
     EveryO's threads are counted together: the first sets 1 and remembers the count it
@@ -142,7 +142,7 @@ def _set_one() -> int | None:
     with _hold_lock:
         if _held:
             _held += 1
-            return _saved
+            return True
         if _threads is None:
             _threads = _find()
         if _threads:
@@ -151,23 +151,23 @@ def _set_one() -> int | None:
             if previous > 1:
                 put(1)
                 _held, _saved = 1, previous
-                return previous
-    return None
+                return True
+    return False
 
 
-def _one_thread(mnk: int) -> int | None:
+def _one_thread(mnk: int) -> bool:
     """Apply the thread rule to products of ``mnk`` (``m * n * k``) each: when it asks
-    for one BLAS thread, :func:`_set_one`; else None."""
+    for one BLAS thread, :func:`_set_one`; else False."""
     if mnk >= OPENBLAS_SINGLE and (mnk < SMALL_MNK or machine_busy()):
         return _set_one()
-    return None
+    return False
 
 
-def _restore(previous: int) -> None:
-    """End a hold of :func:`_set_one` (``previous``: its token); the last one to end
-    puts back the count the first found."""
+def _restore() -> None:
+    """End a hold of :func:`_set_one`; the last one to end puts back the count the
+    first found."""
     global _held
-    assert _threads  # _set_one found the setters before it returned a token
+    assert _threads  # _set_one found the setters before it took the hold
     with _hold_lock:
         if _held > 0:  # 0: a fork child already gave the count back (_after_fork)
             _held -= 1
@@ -196,12 +196,11 @@ def matmul(x: np.ndarray, y: np.ndarray, out: np.ndarray | None = None) -> np.nd
             split = kernel_table.get("split_matmul")
             if split is not None and split(x, y, out):
                 return out
-        previous = _one_thread(mnk)
-        if previous is not None:
+        if _one_thread(mnk):
             try:
                 return np.matmul(x, y, out=out)
             finally:
-                _restore(previous)
+                _restore()
     return np.matmul(x, y, out=out)
 
 
@@ -210,12 +209,12 @@ def threads_for(mnk: int) -> Iterator[None]:
     """Run the block under :func:`matmul`'s thread rule for products of ``mnk``
     (``m * n * k``) each: for compiled code (everyo-kernels) that calls NumPy's
     BLAS itself, many times, in one call."""
-    previous = _one_thread(mnk)
+    held = _one_thread(mnk)
     try:
         yield
     finally:
-        if previous is not None:
-            _restore(previous)
+        if held:
+            _restore()
 
 
 @contextlib.contextmanager
@@ -223,9 +222,9 @@ def single_thread() -> Iterator[None]:
     """Run the block on one OpenBLAS thread (where OpenBLAS is found and has more),
     restoring the count after: for code that splits a product over threads of
     its own."""
-    previous = _set_one()
+    held = _set_one()
     try:
         yield
     finally:
-        if previous is not None:
-            _restore(previous)
+        if held:
+            _restore()
