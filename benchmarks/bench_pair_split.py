@@ -26,16 +26,14 @@ split / whole (below 1: splitting pays).
 import argparse
 import os
 import sys
-import time
 
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import IDLE_GAP, blas_info, machine_info, median_ratio, print_table  # noqa: E402
+from harness import blas_info, interleaved, machine_info, median_ratio, print_table  # noqa: E402
 
 
-def cases():
-    from everyo.kernels import pair
+def cases(pair):
     from everyo.kernels.gelu import gelu_forward
     from everyo.kernels.rows import layer_norm_forward
 
@@ -85,19 +83,6 @@ def cases():
     }
 
 
-def measure(whole, split, before, repeats: int) -> tuple[list, list]:
-    times = {"whole": [], "split": []}
-    for _ in range(repeats):
-        for name, fn in (("whole", whole), ("split", split)):
-            time.sleep(IDLE_GAP)
-            if before is not None:
-                before()
-            start = time.perf_counter()
-            fn()
-            times[name].append(time.perf_counter() - start)
-    return times["whole"], times["split"]
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=15)
@@ -106,9 +91,10 @@ def main() -> int:
     print(blas_info())
     try:
         import everyo as eo
+        from everyo.kernels import pair
 
         status = eo.kernels()
-        table = cases()
+        table = cases(pair)
     except ImportError as error:
         print(f"everyo-kernels is not installed ({error}): nothing to measure")
         return 0
@@ -120,8 +106,6 @@ def main() -> int:
     q = rng.standard_normal((512, 128)).astype(np.float32)
     product = np.empty((2048, 128), np.float32)
 
-    from everyo.kernels import pair
-
     def gemm():
         np.matmul(p, q, out=product)
 
@@ -132,16 +116,17 @@ def main() -> int:
         gemm()
         wake()
 
+    situations = (
+        ("idle, worker asleep", None),
+        ("idle, worker awake", wake),
+        ("after a product, worker awake", gemm_awake),
+    )
     rows = []
     for label, (whole, split) in table.items():
         whole(), split()  # compile / warm
-        situations = (
-            ("idle, worker asleep", None),
-            ("idle, worker awake", wake),
-            ("after a product, worker awake", gemm_awake),
-        )
         for situation, before in situations:
-            t_whole, t_split = measure(whole, split, before, args.repeats)
+            times = interleaved({"whole": whole, "split": split}, repeats=args.repeats, warmup=0, before=before)
+            t_whole, t_split = times["whole"], times["split"]
             rows.append(
                 [
                     label,

@@ -101,12 +101,13 @@ def _machine_info() -> str:
     return ", ".join(parts)
 
 
-def interleaved(fns: dict, repeats: int = 7, warmup: int = 1, gap: float = IDLE_GAP) -> dict:
+def interleaved(fns: dict, repeats: int = 7, warmup: int = 1, gap: float = IDLE_GAP, before=None) -> dict:
     """Time each zero-argument callable in ``fns``, alternating between them.
 
     Runs ``warmup`` untimed rounds, then ``repeats`` rounds of A B C ... A B C,
     each timed run after ``gap`` seconds of sleep (the previous run's BLAS
-    threads stop spinning). For candidates of ONE framework only: comparing two
+    threads stop spinning) and, untimed, ``before()`` where given (to set up
+    the situation being measured). For candidates of ONE framework only: comparing two
     frameworks goes through :func:`alternate_processes`.
     Returns name -> list of seconds per run (one entry per round).
     """
@@ -118,6 +119,8 @@ def interleaved(fns: dict, repeats: int = 7, warmup: int = 1, gap: float = IDLE_
         for name, fn in fns.items():
             if gap:
                 time.sleep(gap)
+            if before is not None:
+                before()
             start = time.perf_counter()
             fn()
             times[name].append(time.perf_counter() - start)
