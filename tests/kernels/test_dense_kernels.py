@@ -1,4 +1,5 @@
-"""The dense-layer kernels (add_bias, relu_forward, relu_backward) against core's NumPy paths:
+"""The dense-layer kernels (add_bias, relu_forward, relu_backward, column_sums, outer_product)
+against core's NumPy paths:
 bit-identical on random shapes and special values (NaN, +-inf, -0, subnormals;
 a NaN's sign bit is not compared, see _same_bits),
 float32 and float64, and the gradients through them pass the FD checker."""
@@ -51,10 +52,10 @@ def test_linear_relu_matches_numpy_path_bit_for_bit(monkeypatch, dtype, shape):
     b, g = _values(rng, (n,), dtype), _values(rng, (m, n), dtype)
     with kernel_table.disabled(), np.errstate(all="ignore"):
         want = _linear_relu_grads(x, w, b, g)
-    calls = count_calls(monkeypatch, ("add_bias", "relu_forward", "relu_backward"))
+    calls = count_calls(monkeypatch, ("add_bias", "relu_forward", "relu_backward", "column_sums"))
     with np.errstate(all="ignore"):
         got = _linear_relu_grads(x, w, b, g)
-    assert calls == {"add_bias": 1, "relu_forward": 1, "relu_backward": 1}
+    assert calls == {"add_bias": 1, "relu_forward": 1, "relu_backward": 1, "column_sums": 1}
     for a, e in zip(got, want):
         assert _same_bits(a, e)
 
@@ -101,9 +102,19 @@ def test_gradients_through_the_kernels_pass_the_fd_checker(monkeypatch):
     rng = np.random.default_rng(3)
     x, w, b = rng.standard_normal((130, 64)), 0.1 * rng.standard_normal((64, 128)), rng.standard_normal(128)
     assert 130 * 128 >= 16384  # large enough to take the kernels, and 64 -> 128 adds its bias
-    calls = count_calls(monkeypatch, ("add_bias", "relu_forward", "relu_backward"))
+    calls = count_calls(monkeypatch, ("add_bias", "relu_forward", "relu_backward", "column_sums"))
     check_gradients(lambda x, w, b: eo.sum(eo.relu(eo.linear(x, w, b)) ** 2), [x, w, b], name="linear+relu")
     assert calls["add_bias"] > 0 and calls["relu_forward"] > 0 and calls["relu_backward"] > 0
+    assert calls["column_sums"] > 0
+
+
+def test_gradient_of_a_broadcast_bias_passes_the_fd_checker(monkeypatch):
+    # A hand-written layer (x @ w + b): b's gradient is unbroadcast's column sums.
+    rng = np.random.default_rng(4)
+    x, w, b = rng.standard_normal((260, 32)), 0.1 * rng.standard_normal((32, 64)), rng.standard_normal(64)
+    calls = count_calls(monkeypatch, ("column_sums",))
+    check_gradients(lambda x, w, b: eo.sum(eo.tanh(x @ w + b)), [x, w, b], name="x @ w + b")
+    assert calls["column_sums"] > 0
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
@@ -129,3 +140,88 @@ def test_outer_product_matches_numpy_path_bit_for_bit(monkeypatch, dtype, m, n):
         assert _same_bits(g, e)
     with np.errstate(all="ignore"):
         assert _same_bits(got[0], a * b)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize(
+    "shape", [(1, 2), (2, 3), (17, 65), (4096, 128), (100352, 32), (9000, 2), (3, 8192), (40, 7, 9), (5, 3, 2, 1100)]
+)
+def test_column_sums_kernel_matches_numpy_sum_bit_for_bit(dtype, shape):
+    # NumPy's a.sum over the leading axes of a C-contiguous array, for every split of
+    # the axes that leaves two or more values per row; with special values, a column
+    # of -0.0 (NumPy starts from +0.0: the sum is +0.0) and values of mixed scale.
+    from everyo.functional import _sum_leading
+
+    rng = np.random.default_rng(sum(shape))
+    with np.errstate(over="ignore"):
+        a = _values(rng, shape, dtype) * rng.choice(np.array([1e-3, 1.0, 1e3], dtype), size=shape)
+    a.reshape(a.shape[0], -1)[:, 0] = -0.0
+    fn = kernel_table.get("column_sums")
+    for k in range(1, a.ndim):
+        with np.errstate(all="ignore"):
+            want = a.sum(axis=tuple(range(k)))
+        out = np.empty(want.size, dtype)
+        with np.errstate(all="ignore"):
+            fn(a.reshape(-1, want.size), out)
+            got = _sum_leading(a, k)
+        assert _same_bits(out.reshape(want.shape), want), k
+        assert _same_bits(got, want), k
+        if k == 1:  # the column of -0.0 sums to +0.0, as NumPy's
+            assert got.reshape(-1)[0] == 0 and not np.signbit(got.reshape(-1)[0])
+
+
+def test_column_sums_is_not_used_where_numpy_sums_otherwise(monkeypatch):
+    # One value per row (NumPy sums pairwise), a strided array, float16, a small one:
+    # NumPy's own sum, and not the kernel.
+    from everyo.functional import _sum_leading
+
+    rng = np.random.default_rng(8)
+    calls = count_calls(monkeypatch, ("column_sums",))
+    for a in (
+        rng.standard_normal((40000, 1)).astype(np.float32),
+        rng.standard_normal((300, 400)).astype(np.float32).T,
+        rng.standard_normal((300, 400)).astype(np.float16),
+        rng.standard_normal((10, 10)).astype(np.float32),
+    ):
+        assert _same_bits(_sum_leading(a), a.sum(axis=0))
+    assert calls["column_sums"] == 0
+
+
+def _bias_grad_cases(rng, dtype):
+    """(name, function of a bias tensor b, bias shape): ops whose bias gradient is a sum
+    over the leading axes of the output gradient."""
+    x = _values(rng, (16, 28, 28, 4), dtype)
+    w = rng.standard_normal((3, 3, 4, 8)).astype(dtype)
+    wt = rng.standard_normal((3, 3, 4, 6)).astype(dtype)
+    h = _values(rng, (32, 64, 128), dtype)
+    return [
+        ("conv2d", lambda b: eo.conv2d(eo.tensor(x), eo.tensor(w), b, padding="same"), (8,)),
+        ("conv_transpose2d", lambda b: eo.conv_transpose2d(eo.tensor(x), eo.tensor(wt), b, stride=2), (6,)),
+        ("x + b, b (n,)", lambda b: eo.tensor(h) + b, (128,)),
+        ("x + b, b (1, n)", lambda b: eo.tensor(h.reshape(-1, 128)) + b, (1, 128)),
+        ("x + b, b (t, n)", lambda b: eo.tensor(h) + b, (64, 128)),
+        ("x + b, b (1, t, n)", lambda b: eo.tensor(h) + b, (1, 64, 128)),
+    ]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_bias_gradients_with_column_sums_match_numpy_path_bit_for_bit(monkeypatch, dtype):
+    rng = np.random.default_rng(9)
+    for name, fn, b_shape in _bias_grad_cases(rng, dtype):
+        b0 = _values(rng, b_shape, dtype)
+
+        def run(fn=fn, b0=b0):
+            b = eo.tensor(b0, requires_grad=True)
+            with np.errstate(all="ignore"):
+                out = fn(b)
+                g = np.random.default_rng(1).standard_normal(out.shape).astype(dtype)
+                out.backward(eo.tensor(g))
+            return out.data.copy(), b.grad.copy()
+
+        with kernel_table.disabled():
+            want = run()
+        calls = count_calls(monkeypatch, ("column_sums",))
+        got = run()
+        assert calls["column_sums"] == 1, name
+        for a, e in zip(got, want):
+            assert _same_bits(a, e), name

@@ -22,6 +22,7 @@ EXPECTED = {
     "add_bias",
     "relu_forward",
     "relu_backward",
+    "column_sums",
     "outer_product",
     "im2col",
     "col2im",

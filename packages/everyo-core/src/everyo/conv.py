@@ -19,7 +19,7 @@ from numpy.lib.stride_tricks import as_strided
 from everyo import _buffers, kernel_table
 from everyo.dispatch import LOW_PRECISION, primitive
 from everyo.errors import EveryOShapeError
-from everyo.functional import _COMPILED, _KERNEL_MIN_SIZE, _mm, _t, reshape
+from everyo.functional import _COMPILED, _KERNEL_MIN_SIZE, _mm, _sum_leading, _t, reshape
 from everyo.half import Rounded, _down, _exact_down, _rounded, _up, as_dtype, is_low_precision, takes_rounded
 from everyo.padding import _pair, counts_padding, output_size, resolve_padding2d
 from everyo.tensor import Tensor
@@ -394,7 +394,7 @@ def _conv2d(x, weight, bias, geometry, groups, half):
             gw = _rounded(gw, xd.dtype) if half else gw
         if bias is not None and bias.requires_grad:
             # float32 for float16 gradients; autograd rounds it once to the bias's float16
-            gb = g2.sum(axis=0, dtype=np.float32 if is_low_precision(g2.dtype) else None)
+            gb = g2.sum(axis=0, dtype=np.float32) if is_low_precision(g2.dtype) else _sum_leading(g2)
         return (gx, gw) if bias is None else (gx, gw, gb)
 
     parents = (x, weight) if bias is None else (x, weight, bias)

@@ -15,7 +15,7 @@ import numpy as np
 from everyo.conv import _scatter_windows, _windows
 from everyo.dispatch import LOW_PRECISION, primitive
 from everyo.errors import EveryOShapeError
-from everyo.functional import _mm, _t
+from everyo.functional import _mm, _sum_leading, _t
 from everyo.half import _float_to_half, _half_to_float, _rounded, _up, takes_rounded
 from everyo.padding import _pair, same_padding_1d
 from everyo.tensor import Tensor
@@ -166,7 +166,7 @@ def conv_transpose2d(
             gw = _mm(up(x2).T, gcols).reshape(cin, cout, kh, kw).transpose(2, 3, 0, 1)
             gw = _rounded(gw) if half else gw
         if bias is not None and bias.requires_grad:
-            gb = g.sum(axis=(0, 1, 2))
+            gb = _sum_leading(g, 3)
         return (gx, gw) if bias is None else (gx, gw, gb)
 
     parents = (x, weight) if bias is None else (x, weight, bias)

@@ -8,6 +8,7 @@ category, which routes its operands through the precision policy.
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -105,9 +106,11 @@ def unbroadcast(grad: Array, shape: Shape) -> Array:
         return grad
     extra = grad.ndim - len(shape)
     if extra:
-        grad = grad.sum(axis=tuple(range(extra)))
+        grad = _sum_leading(grad, extra)
     axes = tuple(i for i, n in enumerate(shape) if n == 1 and grad.shape[i] != 1)
-    if axes:
+    if axes == tuple(range(len(axes))):  # leading axes only (a (1, n) bias): the same sum
+        grad = _sum_leading(grad, len(axes)) if axes else grad
+    else:
         grad = grad.sum(axis=axes, keepdims=True)
     return grad.reshape(shape)
 
@@ -370,11 +373,40 @@ def linear(x: TensorLike, weight: Tensor, bias: Tensor | None = None, transpose_
         gw = None if not weight.requires_grad else _mm(g2.T, x2) if transpose_weight else _mm(x2.T, g2)
         if bias is None:
             return gx, gw
-        gb = g2.sum(axis=0, dtype=np.float32 if g2.dtype == np.float16 else None) if bias.requires_grad else None
+        if not bias.requires_grad:
+            gb = None
+        elif g2.dtype == np.float16:
+            gb = g2.sum(axis=0, dtype=np.float32)
+        else:
+            gb = _sum_leading(g2)
         return gx, gw, gb
 
     parents = (x, weight) if bias is None else (x, weight, bias)
     return Tensor._from_op(out, parents, backward)
+
+
+def _sum_leading(a, k=1):
+    # a.sum(axis=tuple(range(k))), the gradient of a bias (or of any operand broadcast
+    # along a's first k axes): through everyo-kernels' column_sums where it applies.
+    # NumPy sums a C-contiguous array over its leading axes row by row in order (one
+    # inner-loop call per row: 2.2 ms on the CNN's (100352, 32), 0.41 ms compiled);
+    # the kernel adds in that order, so the bits are the same. With fewer than two
+    # values per row NumPy sums pairwise instead, and keeps that path here.
+    width = math.prod(a.shape[k:])
+    use = (
+        type(a) is np.ndarray
+        and 0 < k < a.ndim
+        and width >= 2
+        and a.size >= _KERNEL_MIN_SIZE
+        and a.dtype in _COMPILED
+        and a.flags.c_contiguous
+    )
+    step = kernel_table.get("column_sums") if use else None
+    if step is None:
+        return a.sum(axis=tuple(range(k)))
+    out = np.empty(width, a.dtype)
+    step(a.reshape(-1, width), out)
+    return out.reshape(a.shape[k:])
 
 
 def _add_bias(out, b):

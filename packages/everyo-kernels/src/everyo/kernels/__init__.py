@@ -23,7 +23,7 @@ from everyo.kernels._native import AVAILABLE as _NATIVE
 from everyo.kernels._version import __version__
 from everyo.kernels.bfloat16 import bfloat16_codes, bfloat16_to_float, round_to_bfloat16
 from everyo.kernels.conv import col2im, im2col
-from everyo.kernels.dense import add_bias, outer_product, relu_backward, relu_forward
+from everyo.kernels.dense import add_bias, column_sums, outer_product, relu_backward, relu_forward
 from everyo.kernels.embedding import embedding_backward
 from everyo.kernels.float16 import half_codes, half_to_float, round_to_half
 from everyo.kernels.gelu import gelu_backward, gelu_forward
@@ -68,6 +68,7 @@ TABLE: dict[str, Callable[..., Any]] = {
     "add_bias": add_bias,
     "relu_forward": relu_forward,
     "relu_backward": relu_backward,
+    "column_sums": column_sums,
     "outer_product": outer_product,
     "im2col": im2col,
     "col2im": col2im,

@@ -14,13 +14,21 @@
   multiply that converts it; measured on (4096, 128) float32: 330 us in NumPy,
   220 us here.
 
+- :func:`column_sums`: ``out[j] = sum over i of a[i, j]``, a bias's gradient
+  (``g.sum(axis=0)``). On a C-contiguous array with two or more columns NumPy's
+  reduction walks the rows in order, adding each to the running row of sums
+  (started at +0.0), with one call of its inner loop per row; measured in
+  float32: (4096, 128) 127 us in NumPy, 47 us here; the CNN's first
+  convolution, (100352, 32), 2.2 ms against 0.41 ms. With one column NumPy
+  sums pairwise instead (other bits): not a case for this kernel.
 - :func:`outer_product`: ``out = a[:, None] * b[None, :]``, the (m, 1) @ (1, n)
   product (the backward of a 1-unit output layer). NumPy's broadcast multiply
   calls its inner loop once per row; measured at (4096, 1) x (1, 128) float32:
   252 us in NumPy, 55 us here.
 
-All four are **bit-identical** to the NumPy path: one IEEE add or one IEEE multiply
-by 1.0 or 0.0 (or one product) per element, in the same precision (a multiply by 0.0 keeps
+All five are **bit-identical** to the NumPy path: one IEEE add or one IEEE multiply
+by 1.0 or 0.0 (or one product) per element, or the same adds in the same order
+(:func:`column_sums`), in the same precision (a multiply by 0.0 keeps
 NumPy's signed zero, and inf or NaN times 0.0 is NaN as there).
 """
 
@@ -28,7 +36,7 @@ from __future__ import annotations
 
 from everyo.kernels._jit import kernel
 
-__all__ = ["add_bias", "relu_forward", "relu_backward", "outer_product"]
+__all__ = ["add_bias", "relu_forward", "relu_backward", "column_sums", "outer_product"]
 
 
 @kernel
@@ -56,6 +64,19 @@ def relu_backward(g, out, res):
     one, zero = g.dtype.type(1), g.dtype.type(0)
     for n in range(g.size):
         res[n] = g[n] * (one if out[n] != 0 else zero)
+
+
+@kernel
+def column_sums(a, out):
+    """``out[j] = ((0 + a[0, j]) + a[1, j]) + ...``, the rows in order (NumPy's
+    ``a.sum(axis=0)`` for a C-contiguous (m, n) ``a`` with ``n >= 2``); ``out`` (n,)."""
+    m, n = a.shape
+    zero = a.dtype.type(0)
+    for j in range(n):
+        out[j] = zero
+    for i in range(m):
+        for j in range(n):
+            out[j] = out[j] + a[i, j]
 
 
 @kernel
