@@ -206,6 +206,7 @@ def _bias_grad_cases(rng, dtype):
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_bias_gradients_with_column_sums_match_numpy_path_bit_for_bit(monkeypatch, dtype):
+    # The output and the bias gradient, kernels on against off.
     rng = np.random.default_rng(9)
     for name, fn, b_shape in _bias_grad_cases(rng, dtype):
         b0 = _values(rng, b_shape, dtype)
@@ -220,8 +221,9 @@ def test_bias_gradients_with_column_sums_match_numpy_path_bit_for_bit(monkeypatc
 
         with kernel_table.disabled():
             want = run()
-        calls = count_calls(monkeypatch, ("column_sums",))
+        calls = count_calls(monkeypatch, ("column_sums", "add_bias"))
         got = run()
         assert calls["column_sums"] == 1, name
+        assert calls["add_bias"] == (1 if name == "conv2d" else 0), name  # conv2d's forward adds its bias so
         for a, e in zip(got, want):
             assert _same_bits(a, e), name

@@ -19,7 +19,7 @@ from numpy.lib.stride_tricks import as_strided
 from everyo import _buffers, kernel_table
 from everyo.dispatch import LOW_PRECISION, primitive
 from everyo.errors import EveryOShapeError
-from everyo.functional import _COMPILED, _KERNEL_MIN_SIZE, _mm, _sum_leading, _t, reshape
+from everyo.functional import _COMPILED, _KERNEL_MIN_SIZE, _add_bias, _mm, _sum_leading, _t, reshape
 from everyo.half import Rounded, _down, _exact_down, _rounded, _up, as_dtype, is_low_precision, takes_rounded
 from everyo.padding import _pair, counts_padding, output_size, resolve_padding2d
 from everyo.tensor import Tensor
@@ -369,7 +369,10 @@ def _conv2d(x, weight, bias, geometry, groups, half):
         cols = columns()
     out = _times_weight(cols, w_mat, groups)
     if bias is not None:
-        out += _up(bias.data) if half else bias.data
+        if half:
+            out += _up(bias.data)
+        else:
+            _add_bias(out, bias.data)  # linear's one-pass add where it applies (the same bits)
     if half:
         out, cols = _down(out, xd.dtype), None
     out = out.reshape(n, oh, ow, cout)
