@@ -108,10 +108,11 @@ def unbroadcast(grad: Array, shape: Shape) -> Array:
     if extra:
         grad = _sum_leading(grad, extra)
     axes = tuple(i for i, n in enumerate(shape) if n == 1 and grad.shape[i] != 1)
-    if axes == tuple(range(len(axes))):  # leading axes only (a (1, n) bias): the same sum
-        grad = _sum_leading(grad, len(axes)) if axes else grad
-    else:
-        grad = grad.sum(axis=axes, keepdims=True)
+    if axes:
+        if axes == tuple(range(len(axes))):  # leading axes only (a (1, n) bias): column sums
+            grad = _sum_leading(grad, len(axes))
+        else:
+            grad = grad.sum(axis=axes, keepdims=True)
     return grad.reshape(shape)
 
 
