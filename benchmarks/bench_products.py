@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import alternate_processes, blas_info, machine_info, print_table, ratio_of_medians  # noqa: E402
+from harness import alternate_processes, blas_info, has_torch, machine_info, print_table, ratio_of_medians  # noqa: E402
 
 # name -> (m, k, n, x transposed, y transposed): out (m, n) = x (m, k) @ y (k, n), where a
 # transposed operand is the .T view of a C-contiguous array, as EveryO's backward passes make it.
@@ -58,11 +58,11 @@ REPEATS = {"mlp": 200, "cnn": 20, "gpt": 100}
 
 
 def _operands(m, k, n, xt, yt):
-    """C-contiguous arrays holding x and y, and whether each is used transposed (its .T view)."""
+    """x (m, k) and y (k, n); a transposed one is the .T view of a C-contiguous array."""
     rng = np.random.default_rng(0)
     x = rng.standard_normal((k, m) if xt else (m, k), dtype=np.float32)
     y = rng.standard_normal((n, k) if yt else (k, n), dtype=np.float32)
-    return x, xt, y, yt
+    return (x.T if xt else x), (y.T if yt else y)
 
 
 def child(framework, workload):
@@ -70,16 +70,13 @@ def child(framework, workload):
     if framework == "torch":
         import torch
 
-        def product(x, xt, y, yt):
-            a, b = torch.from_numpy(x), torch.from_numpy(y)
-            a, b = (a.T if xt else a), (b.T if yt else b)
-            return lambda: torch.matmul(a, b)
+        def product(x, y):  # torch.from_numpy keeps a view's strides: the same layouts
+            return lambda: torch.matmul(torch.from_numpy(x), torch.from_numpy(y))
     else:
         from everyo.functional import _mm
 
-        def product(x, xt, y, yt):
-            a, b = (x.T if xt else x), (y.T if yt else y)
-            return lambda: _mm(a, b)
+        def product(x, y):
+            return lambda: _mm(x, y)
 
     result = {}
     for name, shape in PRODUCTS[workload].items():
@@ -92,12 +89,6 @@ def child(framework, workload):
             run()
             times.append(time.perf_counter() - t0)
         result[name] = statistics.median(times) * 1e6
-    if framework == "torch":
-        import torch
-
-        result["_threads"] = torch.get_num_threads()
-    else:
-        result["_blas"] = blas_info()
     print(json.dumps(result))
 
 
@@ -110,15 +101,12 @@ def main():
     args = parser.parse_args()
     if args.child:
         return child(*args.child)
-    probe = [args.torch_python, "-c", "import torch; print(torch.__version__)"]
-    import subprocess
-
-    found = subprocess.run(probe, capture_output=True, text=True, check=False)
-    if found.returncode != 0:
+    torch_version = has_torch(args.torch_python)
+    if torch_version is None:
         print(f"torch is not importable from {args.torch_python}: nothing to compare with. Exiting without a table.")
         return 0
     print("EveryO's products vs PyTorch's, each alone in its own process:", machine_info())
-    print(f"EveryO: BLAS {blas_info()}; torch {found.stdout.strip()} ({args.torch_python})")
+    print(f"EveryO: BLAS {blas_info()}; torch {torch_version[0]}, {torch_version[1]} threads ({args.torch_python})")
     print(f"{args.rounds} rounds of alternating processes; figure = ratio of medians of per-process medians")
     me = str(Path(__file__).resolve())
     one = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}

@@ -38,7 +38,6 @@ import json
 import os
 import resource
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -52,6 +51,7 @@ from harness import (  # noqa: E402
     alternate_processes,
     blas_info,
     cpu_hogs,
+    has_torch,
     machine_info,
     other_cpu,
     print_table,
@@ -247,16 +247,6 @@ def child(framework, workload, dtype):
 
 
 # --- the driver ---------------------------------------------------------------------------
-def has_torch(python):
-    probe = subprocess.run(
-        [python, "-c", "import torch; print(torch.__version__, torch.get_num_threads())"],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    return probe.stdout.split() if probe.returncode == 0 else None
-
-
 def compare(args, workload, dtype):
     """Rounds of A B A B for one (workload, dtype): name -> list of per-process results."""
     me = [str(Path(__file__).resolve()), "--child"]

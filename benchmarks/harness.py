@@ -161,6 +161,17 @@ def alternate_processes(commands: dict, rounds: int = 3, env=None, timeout: floa
     return results
 
 
+def has_torch(python):
+    """``[version, threads]`` of torch in the interpreter ``python``, or None where it cannot import torch."""
+    probe = subprocess.run(
+        [python, "-c", "import torch; print(torch.__version__, torch.get_num_threads())"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    return probe.stdout.split() if probe.returncode == 0 else None
+
+
 def ratio_of_medians(a, b) -> float:
     """median(a) / median(b): the cross-process figure (each list one value per process)."""
     if not a or not b:
