@@ -227,3 +227,52 @@ def test_bias_gradients_with_column_sums_match_numpy_path_bit_for_bit(monkeypatc
         assert calls["add_bias"] == (1 if name == "conv2d" else 0), name  # conv2d's forward adds its bias so
         for a, e in zip(got, want):
             assert _same_bits(a, e), name
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_gru_recurrent_bias_gradient_with_column_sums_matches_numpy_path(monkeypatch, dtype):
+    # gru_scan's b_hh gradient is a sum over (batch * steps) rows of the projected-state
+    # gradients: one column_sums call, the bits of NumPy's sum(axis=0); every other
+    # gradient unchanged.
+    from everyo.recurrent_ops import gru_scan
+
+    rng = np.random.default_rng(4)
+    batch, steps, hidden = 16, 12, 32
+    xp0 = rng.standard_normal((batch, steps, 3 * hidden)).astype(dtype)
+    h00 = rng.standard_normal((batch, hidden)).astype(dtype)
+    w0 = (0.2 * rng.standard_normal((hidden, 3 * hidden))).astype(dtype)
+    b0 = rng.standard_normal(3 * hidden).astype(dtype)
+    g = rng.standard_normal((batch, steps, hidden)).astype(dtype)
+
+    def run():
+        ts = [eo.tensor(a, requires_grad=True) for a in (xp0, h00, w0, b0)]
+        out, _ = gru_scan(*ts)
+        out.backward(eo.tensor(g))
+        return [out.data.copy()] + [t.grad.copy() for t in ts]
+
+    with kernel_table.disabled():
+        want = run()
+    calls = count_calls(monkeypatch, ("column_sums",))
+    got = run()
+    assert calls["column_sums"] == 1
+    for a, e in zip(got, want):
+        assert _same_bits(a, e)
+
+
+def test_gru_recurrent_bias_gradient_passes_fd_with_kernels(monkeypatch):
+    # Large enough (batch * steps * 3H >= kernel_table.MIN_SIZE) for b_hh's sum to take
+    # column_sums; xp is held fixed so the checker perturbs only h0, W_hh and b_hh.
+    from everyo.recurrent_ops import gru_scan
+
+    rng = np.random.default_rng(5)
+    batch, steps, hidden = 64, 44, 2
+    assert batch * steps * 3 * hidden >= kernel_table.MIN_SIZE
+    xp = eo.tensor(rng.standard_normal((batch, steps, 3 * hidden)))
+    h0, w, b = (
+        rng.standard_normal((batch, hidden)),
+        0.3 * rng.standard_normal((hidden, 3 * hidden)),
+        rng.standard_normal(3 * hidden),
+    )
+    calls = count_calls(monkeypatch, ("column_sums",))
+    check_gradients(lambda h0, w, b: gru_scan(xp, h0, w, b)[0].sum(), [h0, w, b], name="gru_scan")
+    assert calls["column_sums"] > 0

@@ -47,6 +47,7 @@ import numpy as np
 
 from everyo import _blas, _buffers, kernel_table
 from everyo.dispatch import primitive
+from everyo.functional import _sum_leading
 from everyo.sequence_ops import multi_output
 
 if TYPE_CHECKING:
@@ -491,6 +492,7 @@ def gru_scan(
             prev[:, 1:] = hs[:-1].transpose(1, 0, 2)
         flat = d_hp.reshape(-1, three_h)
         dw = _weight_grad(prev.reshape(-1, H), flat, dt)
-        return d_x.reshape(batch, steps, three_h), dh, dw, flat.sum(axis=0)
+        # b_hh's gradient: flat.sum(axis=0), in one pass where everyo-kernels applies (the same bits)
+        return d_x.reshape(batch, steps, three_h), dh, dw, _sum_leading(flat)
 
     return multi_output([_outputs(hs, lengths, ended), h.copy()], (xp, h0, w_hh, b_hh), backward)
