@@ -129,3 +129,89 @@ def test_a_fork_child_gives_back_a_hold_whose_thread_it_does_not_have(fake_openb
         assert fake_openblas["puts"] == [1, 2, 1, 2]
     assert fake_openblas["puts"] == [1, 2, 1, 2]  # the forking thread's own end: nothing left to restore
     assert _blas._held == 0 and fake_openblas["count"] == 2
+
+
+# --- a busy machine must not change a product's bits ---------------------------------------
+
+
+@pytest.fixture
+def fresh_checks(monkeypatch):
+    monkeypatch.setattr(_blas, "_alone", {})
+    monkeypatch.setattr(_blas, "SMALL_MNK", 1 << 23)
+
+
+@pytest.mark.parametrize("shape", [(500, 500, 500), (100, 3000, 100), (256, 700, 301)])
+def test_a_busy_machine_gives_the_quiet_machines_bits(fresh_checks, monkeypatch, shape):
+    # OpenBLAS 0.3.31 blocks k differently on one thread than on two for some shapes
+    # (these three on its SkylakeX kernels): the busy rule must keep those on the
+    # threads the quiet machine uses, so the result is the same whatever the load.
+    m, k, n = shape
+    rng = np.random.default_rng(m + k + n)
+    x, y = rng.standard_normal((m, k)).astype(np.float32), rng.standard_normal((k, n)).astype(np.float32)
+    monkeypatch.setattr(_blas, "machine_busy", lambda: False)
+    quiet = _blas.matmul(x, y)
+    monkeypatch.setattr(_blas, "machine_busy", lambda: True)
+    busy = _blas.matmul(x, y)
+    assert np.array_equal(busy.view(np.uint32), quiet.view(np.uint32))
+    # and with x's columns contiguous, as in a weight gradient x.T @ g
+    xf = np.asfortranarray(x)
+    monkeypatch.setattr(_blas, "machine_busy", lambda: False)
+    quiet = _blas.matmul(xf, y)
+    monkeypatch.setattr(_blas, "machine_busy", lambda: True)
+    assert np.array_equal(_blas.matmul(xf, y).view(np.uint32), quiet.view(np.uint32))
+
+
+def _thread_dependent_matmul(monkeypatch, state, differs):
+    """np.matmul of a BLAS whose bits change with its thread count (when ``differs``)."""
+    real = np.matmul
+
+    def fake(a, b, out=None):
+        r = real(a, b)
+        if differs and state["count"] > 1:
+            r = r * (1 + np.finfo(r.dtype).eps)
+        if out is None:
+            return r
+        out[...] = r
+        return out
+
+    monkeypatch.setattr(_blas.np, "matmul", fake)
+
+
+@pytest.mark.parametrize("differs", [True, False])
+def test_the_check_decides_whether_a_busy_machine_takes_one_thread(fake_openblas, fresh_checks, monkeypatch, differs):
+    _thread_dependent_matmul(monkeypatch, fake_openblas, differs)
+    monkeypatch.setattr(_blas, "machine_busy", lambda: True)
+    seen = []
+    real_set_one = _blas._set_one
+    monkeypatch.setattr(_blas, "_set_one", lambda: (seen.append(fake_openblas["count"]), real_set_one())[1])
+    x, y = np.ones((256, 256), np.float32), np.ones((256, 256), np.float32)  # m * n * k = 2^24, large
+    _blas.matmul(x, y)
+    key = ("<f4", 256, 256, 256, "C", "C", 2)
+    assert _blas._alone == {key: not differs}
+    # the check's own one-thread product takes a hold; the product then takes one only where the bits agree
+    assert len(seen) == (1 if differs else 2)
+    assert fake_openblas["count"] == 2  # restored
+
+
+def test_no_check_on_a_quiet_machine_and_at_most_max_checked(fake_openblas, fresh_checks, monkeypatch):
+    monkeypatch.setattr(_blas, "machine_busy", lambda: False)
+    x = np.ones((256, 256), np.float32)
+    _blas.matmul(x, x)
+    assert _blas._alone == {}  # quiet: nothing to check, no cost
+    monkeypatch.setattr(_blas, "machine_busy", lambda: True)
+    monkeypatch.setattr(_blas, "MAX_CHECKED", 1)
+    _blas.matmul(x, x)
+    assert len(_blas._alone) == 1
+    assert not _blas._alone_same(np.dtype(np.float32), 300, 300, 300)  # past the cap: keep BLAS's threads
+    assert len(_blas._alone) == 1
+    assert _blas._alone_same(np.dtype(np.int64), 300, 300, 300)  # NumPy's own loop: no BLAS threads
+
+
+def test_threads_for_checks_the_products_it_is_told(fake_openblas, fresh_checks, monkeypatch):
+    _thread_dependent_matmul(monkeypatch, fake_openblas, True)
+    monkeypatch.setattr(_blas, "machine_busy", lambda: True)
+    with _blas.threads_for(1 << 24, (np.float32, 256, 256, 256)):
+        assert fake_openblas["count"] == 2  # one thread would change the bits: kept
+    with _blas.threads_for(1 << 24):  # an older everyo-kernels: no shape, the plain rule
+        assert fake_openblas["count"] == 1
+    assert fake_openblas["count"] == 2

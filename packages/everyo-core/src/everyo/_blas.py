@@ -12,7 +12,15 @@ microseconds on an idle machine, so those products run on one thread. Larger
 ones keep OpenBLAS's threads unless the machine is busy right now
 (:func:`machine_busy`): then a worker that spins for ~0.1 s after every call
 (measured: ``python benchmarks/harness.py --gap``) takes a core the other
-processes and the caller need, and one thread is faster.
+processes and the caller need, and one thread is faster. But OpenBLAS does not
+always give a product the same bits on one thread as on two (it blocks ``k``
+differently: 0.3.31's SkylakeX kernels give (500, 500) @ (500, 500), (100, 3000)
+@ (3000, 100) and (40, 1500) @ (1500, 24) other bits, while the benchmarks'
+products agree), and the bits of a result must not depend on how busy the machine
+was. So a large product goes to one thread on a busy machine only where a check
+found the bits the same (:func:`_alone_same`: once per dtype, shape, layouts and
+thread count, with random operands, made only when the machine is busy); other
+products keep OpenBLAS's threads, busy or not.
 
 How: ``openblas_set_num_threads`` of the OpenBLAS that NumPy loaded (found
 on first use through /proc/self/maps, never at import; the calls threadpoolctl
@@ -45,7 +53,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    from collections.abc import Callable, Iterator
 
 import numpy as np
 
@@ -155,10 +163,63 @@ def _set_one() -> bool:
     return False
 
 
-def _one_thread(mnk: int) -> bool:
+MAX_CHECKED = 64  # products _alone_same checks per process; later new ones keep BLAS's threads when busy
+_alone: dict[tuple, bool] = {}
+
+
+def _layout(a: np.ndarray) -> str:
+    """How NumPy hands a matrix (the last two axes) to BLAS: rows contiguous ("C",
+    no transpose) or columns ("F", transposed); other strides as "C"."""
+    step = a.itemsize
+    if a.strides[-1] == step or a.shape[-1] == 1:
+        return "C"
+    return "F" if a.strides[-2] == step or a.shape[-2] == 1 else "C"
+
+
+def _alone_same(dtype: np.dtype, m: int, k: int, n: int, x_layout: str = "C", y_layout: str = "C") -> bool:
+    """Whether OpenBLAS gives an (m, k) @ (k, n) product of ``dtype`` with these layouts
+    the same bits on one thread as on the threads it has now. Checked once per key with
+    random operands (OpenBLAS's blocking depends on the shape and threads, not the
+    values: where it differs, random values show it), at most ``MAX_CHECKED`` keys;
+    past that, False. True where no BLAS call or no thread change is involved."""
+    global _threads
+    if _threads is None:
+        _threads = _find()
+    if dtype.kind not in "fc" or dtype.itemsize < 4 or not _threads:
+        return True  # not a BLAS product (NumPy's own loop), or no OpenBLAS whose count we change
+    threads = _threads[0]()
+    if threads <= 1:
+        return True
+    key = (dtype.str, m, k, n, x_layout, y_layout, threads)
+    known = _alone.get(key)
+    if known is None:
+        if len(_alone) >= MAX_CHECKED:
+            return False
+        rng = np.random.default_rng(0)
+
+        def operand(shape, layout):
+            a = rng.standard_normal(shape).astype(dtype)
+            if dtype.kind == "c":
+                a += 1j * rng.standard_normal(shape)
+            return a if layout == "C" else np.asfortranarray(a)
+
+        x, y = operand((m, k), x_layout), operand((k, n), y_layout)
+        whole = np.matmul(x, y)
+        with single_thread():
+            alone = np.matmul(x, y)
+        known = _alone[key] = bool(np.array_equal(whole.view(np.uint8), alone.view(np.uint8)))
+    return known
+
+
+def _one_thread(mnk: int, product: Callable[[], tuple] | None = None) -> bool:
     """Apply the thread rule to products of ``mnk`` (``m * n * k``) each: when it asks
-    for one BLAS thread, :func:`_set_one`; else False."""
-    if mnk >= OPENBLAS_SINGLE and (mnk < SMALL_MNK or machine_busy()):
+    for one BLAS thread, :func:`_set_one`; else False. ``product()`` gives (dtype, m,
+    k, n, x_layout, y_layout) (asked only on a busy machine), so the rule can check
+    that one thread gives the same bits (:func:`_alone_same`); without it (an older
+    everyo-kernels) that is not checked."""
+    if mnk < OPENBLAS_SINGLE:
+        return False
+    if mnk < SMALL_MNK or (machine_busy() and (product is None or _alone_same(*product()))):
         return _set_one()
     return False
 
@@ -196,7 +257,7 @@ def matmul(x: np.ndarray, y: np.ndarray, out: np.ndarray | None = None) -> np.nd
             split = kernel_table.get("split_matmul")
             if split is not None and split(x, y, out):
                 return out
-        if _one_thread(mnk):
+        if _one_thread(mnk, lambda: (np.result_type(x, y), *x.shape[-2:], y.shape[-1], _layout(x), _layout(y))):
             try:
                 return np.matmul(x, y, out=out)
             finally:
@@ -205,11 +266,14 @@ def matmul(x: np.ndarray, y: np.ndarray, out: np.ndarray | None = None) -> np.nd
 
 
 @contextlib.contextmanager
-def threads_for(mnk: int) -> Iterator[None]:
+def threads_for(mnk: int, product: tuple | None = None) -> Iterator[None]:
     """Run the block under :func:`matmul`'s thread rule for products of ``mnk``
     (``m * n * k``) each: for compiled code (everyo-kernels) that calls NumPy's
-    BLAS itself, many times, in one call."""
-    held = _one_thread(mnk)
+    BLAS itself, many times, in one call. ``product``: (dtype, m, k, n) of those
+    products (row-major operands), so that a busy machine moves them to one thread
+    only where that gives the same bits."""
+    shape = None if product is None else (np.dtype(product[0]), *product[1:4], "C", "C")
+    held = _one_thread(mnk, None if shape is None else lambda: shape)
     try:
         yield
     finally:

@@ -249,7 +249,7 @@ def _run(loop: Any, args: tuple, dtype: Any, batch: int, hidden: int, steps: int
     under core's BLAS thread rule for the whole batch's products (as the NumPy
     path runs them)."""
     parts = _parts(batch, hidden, steps)  # before the rule sets one BLAS thread: it reads the count
-    with _blas.threads_for(batch * hidden * hidden):
+    with _blas.threads_for(batch * hidden * hidden, (dtype, batch, hidden, hidden)):
         if parts > 1 and not _rows_agree(dtype, batch, hidden, parts):
             parts = 1
         if parts == 1:
