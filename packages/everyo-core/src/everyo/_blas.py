@@ -250,7 +250,8 @@ def _after_fork() -> None:
 def matmul(x: np.ndarray, y: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     """``np.matmul(x, y, out=out)``, on one BLAS thread when each product is small
     (``OPENBLAS_SINGLE <= m * n * k < SMALL_MNK``; below that OpenBLAS uses one anyway),
-    or when :func:`machine_busy`."""
+    or when :func:`machine_busy` and one thread gives this shape the same bits
+    (:func:`_alone_same`)."""
     if x.ndim >= 2 and y.ndim >= 2:
         mnk = x.shape[-2] * x.shape[-1] * y.shape[-1]
         if mnk >= SMALL_MNK and out is not None and x.ndim == 2 and y.ndim == 2:
