@@ -193,18 +193,27 @@ def test_the_check_decides_whether_a_busy_machine_takes_one_thread(fake_openblas
     assert fake_openblas["count"] == 2  # restored
 
 
-def test_no_check_on_a_quiet_machine_and_at_most_max_checked(fake_openblas, fresh_checks, monkeypatch):
+def test_the_check_is_made_at_a_shapes_first_large_product_and_at_most_max_checked(
+    fake_openblas, fresh_checks, monkeypatch
+):
+    # Made while the machine is still quiet where it can be (a check made once busy ran
+    # its product on OpenBLAS's threads beside the other processes), once per shape.
     monkeypatch.setattr(_blas, "machine_busy", lambda: False)
     x = np.ones((256, 256), np.float32)
     _blas.matmul(x, x)
-    assert _blas._alone == {}  # quiet: nothing to check, no cost
-    monkeypatch.setattr(_blas, "machine_busy", lambda: True)
-    monkeypatch.setattr(_blas, "MAX_CHECKED", 1)
+    assert list(_blas._alone) == [("<f4", 256, 256, 256, "C", "C", 2)]
+    probes = []
+    monkeypatch.setattr(_blas, "single_thread", lambda: probes.append(1) or _blas.contextlib.nullcontext())
     _blas.matmul(x, x)
-    assert len(_blas._alone) == 1
-    assert not _blas._alone_same(np.dtype(np.float32), 300, 300, 300)  # past the cap: keep BLAS's threads
-    assert len(_blas._alone) == 1
-    assert _blas._alone_same(np.dtype(np.int64), 300, 300, 300)  # NumPy's own loop: no BLAS threads
+    assert probes == []  # known: not checked again
+    _blas.matmul(np.ones((300, 300), np.float32), np.ones((300, 300), np.float32))
+    assert len(_blas._alone) == 2 and probes == [1]
+    _blas.matmul(np.ones((100, 100), np.float32), x[:100, :100])  # small: one thread anyway, no check
+    assert len(_blas._alone) == 2
+    monkeypatch.setattr(_blas, "MAX_CHECKED", 2)
+    assert not _blas._alone_same(np.dtype(np.float32), 400, 400, 400)  # past the cap: keep BLAS's threads
+    assert len(_blas._alone) == 2
+    assert _blas._alone_same(np.dtype(np.int64), 400, 400, 400)  # NumPy's own loop: no BLAS threads
 
 
 def test_threads_for_checks_the_products_it_is_told(fake_openblas, fresh_checks, monkeypatch):

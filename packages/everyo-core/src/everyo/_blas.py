@@ -19,7 +19,7 @@ differently: 0.3.31's SkylakeX kernels give (500, 500) @ (500, 500), (100, 3000)
 products agree), and the bits of a result must not depend on how busy the machine
 was. So a large product goes to one thread on a busy machine only where a check
 found the bits the same (:func:`_alone_same`: once per dtype, shape, layouts and
-thread count, with random operands, made only when the machine is busy); other
+thread count, with random operands, at the shape's first large product); other
 products keep OpenBLAS's threads, busy or not.
 
 How: ``openblas_set_num_threads`` of the OpenBLAS that NumPy loaded (found
@@ -214,12 +214,19 @@ def _alone_same(dtype: np.dtype, m: int, k: int, n: int, x_layout: str = "C", y_
 def _one_thread(mnk: int, product: Callable[[], tuple] | None = None) -> bool:
     """Apply the thread rule to products of ``mnk`` (``m * n * k``) each: when it asks
     for one BLAS thread, :func:`_set_one`; else False. ``product()`` gives (dtype, m,
-    k, n, x_layout, y_layout) (asked only on a busy machine), so the rule can check
-    that one thread gives the same bits (:func:`_alone_same`); without it (an older
+    k, n, x_layout, y_layout) of a large product, so the rule can check that one
+    thread gives it the same bits (:func:`_alone_same`); without it (an older
     everyo-kernels) that is not checked."""
     if mnk < OPENBLAS_SINGLE:
         return False
-    if mnk < SMALL_MNK or (machine_busy() and (product is None or _alone_same(*product()))):
+    if mnk < SMALL_MNK:
+        return _set_one()
+    # The check is made at a shape's first large product, busy or not: made only once
+    # busy, its product on OpenBLAS's threads left their worker spinning (~0.2 s) on a
+    # machine whose cores were taken, and a short run on a busy machine paid for that
+    # (the benchmark LSTM's 8 busy steps: 16-22 ms against 8-11 ms).
+    same = True if product is None else _alone_same(*product())
+    if machine_busy() and same:
         return _set_one()
     return False
 
