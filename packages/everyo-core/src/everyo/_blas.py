@@ -103,6 +103,14 @@ def _find() -> Any:
     return False
 
 
+def _setters() -> Any:
+    """OpenBLAS's (get, set) of its thread count, found at the first call; False where there is none."""
+    global _threads
+    if _threads is None:
+        _threads = _find()
+    return _threads
+
+
 def _read_runnable() -> int | None:
     """Threads runnable on the machine right now (Linux), or None."""
     try:
@@ -144,17 +152,16 @@ def _set_one() -> bool:
     gave 2 threads back while another thread's split product or scan still ran on
     what it took for one: bits other than those its check found.) A count of 1 set
     from outside (a ``spawn`` worker's, ``threadpool_limits(1)``) is left alone."""
-    global _threads, _held, _saved
+    global _held, _saved
     if _hold_pid != os.getpid():
         _after_fork()
     with _hold_lock:
         if _held:
             _held += 1
             return True
-        if _threads is None:
-            _threads = _find()
-        if _threads:
-            get, put = _threads
+        setters = _setters()
+        if setters:
+            get, put = setters
             previous = get()
             if previous > 1:
                 put(1)
@@ -182,12 +189,10 @@ def _alone_same(dtype: np.dtype, m: int, k: int, n: int, x_layout: str = "C", y_
     random operands (OpenBLAS's blocking depends on the shape and threads, not the
     values: where it differs, random values show it), at most ``MAX_CHECKED`` keys;
     past that, False. True where no BLAS call or no thread change is involved."""
-    global _threads
-    if _threads is None:
-        _threads = _find()
-    if dtype.kind not in "fc" or dtype.itemsize < 4 or not _threads:
+    setters = _setters()
+    if dtype.kind not in "fc" or dtype.itemsize < 4 or not setters:
         return True  # not a BLAS product (NumPy's own loop), or no OpenBLAS whose count we change
-    threads = _threads[0]()
+    threads = setters[0]()
     if threads <= 1:
         return True
     key = (dtype.str, m, k, n, x_layout, y_layout, threads)
@@ -280,8 +285,7 @@ def threads_for(mnk: int, product: tuple | None = None) -> Iterator[None]:
     BLAS itself, many times, in one call. ``product``: (dtype, m, k, n) of those
     products (row-major operands), so that a busy machine moves them to one thread
     only where that gives the same bits."""
-    shape = None if product is None else (np.dtype(product[0]), *product[1:4], "C", "C")
-    held = _one_thread(mnk, None if shape is None else lambda: shape)
+    held = _one_thread(mnk, None if product is None else lambda: (np.dtype(product[0]), *product[1:4], "C", "C"))
     try:
         yield
     finally:
