@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import alternate_processes, blas_info, has_torch, machine_info, print_table, ratio_of_medians  # noqa: E402
+from harness import alternate_processes, blas_info, machine_info, print_table, ratio_of_medians, torch_or_say  # noqa: E402
 
 # name -> (m, k, n, x transposed, y transposed): out (m, n) = x (m, k) @ y (k, n), where a
 # transposed operand is the .T view of a C-contiguous array, as EveryO's backward passes make it.
@@ -101,9 +101,8 @@ def main():
     args = parser.parse_args()
     if args.child:
         return child(*args.child)
-    torch_version = has_torch(args.torch_python)
+    torch_version = torch_or_say(args.torch_python)
     if torch_version is None:
-        print(f"torch is not importable from {args.torch_python}: nothing to compare with. Exiting without a table.")
         return 0
     print("EveryO's products vs PyTorch's, each alone in its own process:", machine_info())
     print(f"EveryO: BLAS {blas_info()}; torch {torch_version[0]}, {torch_version[1]} threads ({args.torch_python})")

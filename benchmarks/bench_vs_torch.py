@@ -51,11 +51,11 @@ from harness import (  # noqa: E402
     alternate_processes,
     blas_info,
     cpu_hogs,
-    has_torch,
     machine_info,
     other_cpu,
     print_table,
     ratio_of_medians,
+    torch_or_say,
     verdict,
 )
 
@@ -277,10 +277,8 @@ def main():
     args = parser.parse_args()
     if args.child:
         return child(*args.child)
-    torch_version = has_torch(args.torch_python)
+    torch_version = torch_or_say(args.torch_python)
     if torch_version is None:
-        print(f"torch is not importable from {args.torch_python}: nothing to compare with (pip install torch, or")
-        print("pass --torch-python PATH to an interpreter that has it). Exiting without a table.")
         return 0
     workloads = [w for w in args.workloads.split(",") if w]
     dtypes = [d for d in args.dtypes.split(",") if d]

@@ -172,6 +172,16 @@ def has_torch(python):
     return probe.stdout.split() if probe.returncode == 0 else None
 
 
+def torch_or_say(python):
+    """:func:`has_torch`, and where it is None the message a comparison script prints
+    before it exits 0 without a table."""
+    version = has_torch(python)
+    if version is None:
+        print(f"torch is not importable from {python}: nothing to compare with (pip install torch, or")
+        print("pass --torch-python PATH to an interpreter that has it). Exiting without a table.")
+    return version
+
+
 def ratio_of_medians(a, b) -> float:
     """median(a) / median(b): the cross-process figure (each list one value per process)."""
     if not a or not b:
