@@ -2,6 +2,7 @@
 
 import os
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -70,6 +71,14 @@ def fake_openblas(monkeypatch):
     monkeypatch.setattr(_blas, "_held", 0)
     monkeypatch.setattr(_blas, "_saved", 1)
     monkeypatch.setattr(_blas, "_hold_pid", os.getpid())
+    # the two sides (holds, products on OpenBLAS's threads) start empty
+    lock = threading.Lock()
+    monkeypatch.setattr(_blas, "_switch_lock", lock)
+    monkeypatch.setattr(_blas, "_switch", threading.Condition(lock))
+    monkeypatch.setattr(_blas, "_side", 0)
+    monkeypatch.setattr(_blas, "_inside", 0)
+    monkeypatch.setattr(_blas, "_waiting", [0, 0, 0])
+    monkeypatch.setattr(_blas, "_last", 0)
     return state
 
 
@@ -224,3 +233,165 @@ def test_threads_for_checks_the_products_it_is_told(fake_openblas, fresh_checks,
     with _blas.threads_for(1 << 24):  # an older everyo-kernels: no shape, the plain rule
         assert fake_openblas["count"] == 1
     assert fake_openblas["count"] == 2
+
+
+# --- a hold of one thread never reaches another thread's product on OpenBLAS's threads ------
+# OpenBLAS's count is one number for the process: a product another thread started while a
+# hold was in force ran on one thread, and for some shapes (above) got other bits.
+
+BIG = 1 << 24  # a product OpenBLAS runs on its threads
+
+
+def _until(condition, what):
+    """Wait for another thread to reach a state (a handshake on _blas's own counters);
+    the deadline only turns a deadlock into a failure."""
+    deadline = time.monotonic() + 60
+    while not condition():
+        assert time.monotonic() < deadline, f"never happened: {what}"
+        time.sleep(0.001)
+
+
+def _in_threads(*targets):
+    threads = [threading.Thread(target=t) for t in targets]
+    for t in threads:
+        t.start()
+    return threads
+
+
+def test_a_product_on_blas_threads_waits_for_another_threads_hold(fake_openblas):
+    seen = []
+    holding = threading.Event()
+
+    def hold():
+        with _blas.single_thread():
+            holding.set()
+            _until(lambda: _blas._waiting[_blas.WIDE] == 1, "the product waits")
+            seen.append("hold ends")
+
+    def product():
+        holding.wait()
+        with _blas.wide(BIG):
+            seen.append(("product runs on", fake_openblas["count"]))
+
+    for t in _in_threads(hold, product):
+        t.join()
+    assert seen == ["hold ends", ("product runs on", 2)]
+
+
+def test_a_hold_waits_for_another_threads_product_on_blas_threads(fake_openblas):
+    seen = []
+    running = threading.Event()
+
+    def product():
+        with _blas.wide(BIG):
+            running.set()
+            _until(lambda: _blas._waiting[_blas.ONE] == 1, "the hold waits")
+            seen.append(("product ends on", fake_openblas["count"]))
+
+    def hold():
+        running.wait()
+        with _blas.single_thread():
+            seen.append(("hold runs on", fake_openblas["count"]))
+
+    for t in _in_threads(product, hold):
+        t.join()
+    assert seen == [("product ends on", 2), ("hold runs on", 1)]
+    assert fake_openblas["count"] == 2
+
+
+def test_a_waiting_product_is_not_kept_out_by_later_holds(fake_openblas):
+    # Holds may overlap, but not past a waiting product: a hold that comes after it waits too.
+    seen = []
+    holding = threading.Event()
+
+    def first_hold():
+        with _blas.single_thread():
+            holding.set()
+            _until(lambda: _blas._waiting[_blas.ONE] == 1, "the later hold waits")
+            seen.append("first hold ends")
+
+    def product():
+        holding.wait()
+        with _blas.wide(BIG):
+            seen.append("product")
+
+    def later_hold():
+        _until(lambda: _blas._waiting[_blas.WIDE] == 1, "the product waits")
+        with _blas.single_thread():
+            seen.append("later hold")
+
+    for t in _in_threads(first_hold, product, later_hold):
+        t.join()
+    assert seen == ["first hold ends", "product", "later hold"]
+
+
+def test_holds_overlap_and_products_overlap(fake_openblas):
+    # Same side: no waiting (two threads each inside at once).
+    for enter in (_blas.single_thread, lambda: _blas.wide(BIG)):
+        both_in = threading.Barrier(2)
+
+        def inside(enter=enter, both_in=both_in):
+            with enter():
+                both_in.wait()
+
+        for t in _in_threads(inside, inside):
+            t.join()
+    assert _blas._inside == 0 and _blas._side == 0
+
+
+def test_a_product_inside_its_own_threads_hold_runs_at_once(fake_openblas):
+    with _blas.single_thread():
+        with _blas.wide(BIG):  # nested in this thread's own hold: one thread, as before
+            assert fake_openblas["count"] == 1
+    assert _blas._inside == 0 and fake_openblas["count"] == 2
+
+
+def test_small_products_and_no_openblas_take_no_side(fake_openblas, monkeypatch):
+    with _blas.wide(_blas.OPENBLAS_SINGLE - 1):
+        assert _blas._inside == 0
+    monkeypatch.setattr(_blas, "_threads", False)
+    with _blas.wide(BIG):
+        assert _blas._inside == 0
+
+
+def test_a_product_beside_a_hold_keeps_its_bits_with_the_real_blas():
+    # (500, 500) @ (500, 500): other bits on one OpenBLAS 0.3.31 thread than on two (above).
+    rng = np.random.default_rng(0)
+    x, y = (rng.standard_normal((500, 500)).astype(np.float32) for _ in range(2))
+    alone = np.matmul(x, y)
+    holding = threading.Event()
+
+    def hold():
+        with _blas.single_thread():
+            holding.set()
+            if _blas._held:  # OpenBLAS found with more than one thread: the product must wait
+                _until(lambda: _blas._waiting[_blas.WIDE] == 1, "the product waits")
+
+    (t,) = _in_threads(hold)
+    holding.wait()
+    beside = _blas.matmul(x, y, np.empty_like(alone))
+    t.join()
+    assert np.array_equal(beside.view(np.uint32), alone.view(np.uint32))
+
+
+def test_a_thread_taking_holds_in_a_loop_lets_a_waiting_product_in(fake_openblas):
+    seen = []
+    holding = threading.Event()
+
+    def holds():
+        with _blas.single_thread():
+            holding.set()
+            _until(lambda: _blas._waiting[_blas.WIDE] == 1, "the product waits")
+        seen.append("first hold ended")
+        with _blas.single_thread():  # straight back: must not get in before the product
+            seen.append("second hold")
+
+    def product():
+        holding.wait()
+        with _blas.wide(BIG):
+            _until(lambda: _blas._waiting[_blas.ONE] == 1 or "second hold" in seen, "the second hold comes")
+            seen.append("product")
+
+    for t in _in_threads(holds, product):
+        t.join()
+    assert seen == ["first hold ended", "product", "second hold"]

@@ -32,7 +32,13 @@ alone: nothing is called). OpenBLAS keeps one count for the whole process (its
 the holds of all its threads together and the last to end restores the count
 (:func:`_set_one`); a count another thread sets while a hold is in force is
 overwritten when it ends, so set thread limits around EveryO's calls, not beside
-them. Where OpenBLAS is not found (another BLAS, another OS) :func:`matmul` is ``np.matmul`` and NumPy runs as configured. Set
+them. A product on OpenBLAS's threads reads that count when it starts, so one
+started in another thread while a hold is in force would run on one thread, with
+other bits for some shapes: EveryO's holds and its products on OpenBLAS's threads
+(:func:`wide`) exclude each other across threads (any number of holds at once, or
+any number of such products, never both; see :func:`_enter`). A product of the
+user's own NumPy code in another thread is not covered: it runs on the count in
+force when it starts. Where OpenBLAS is not found (another BLAS, another OS) :func:`matmul` is ``np.matmul`` and NumPy runs as configured. Set
 ``SMALL_MNK = 0`` to turn the rule off.
 
 With everyo-kernels, a large 2-D product into an ``out`` array may instead run
@@ -59,7 +65,16 @@ import numpy as np
 
 from everyo import kernel_table
 
-__all__ = ["SMALL_MNK", "OPENBLAS_SINGLE", "machine_busy", "matmul", "threads_for", "single_thread"]
+__all__ = [
+    "SMALL_MNK",
+    "OPENBLAS_SINGLE",
+    "machine_busy",
+    "matmul",
+    "threads_for",
+    "single_thread",
+    "wide",
+    "matmul_as_is",
+]
 
 SMALL_MNK = 1 << 23  # about 0.2 ms of single-thread float32 work on the development machine
 # OpenBLAS's own rule (interface/gemm.c: 65536 * GEMM_MULTITHREAD_THRESHOLD 4): at or below it,
@@ -142,6 +157,89 @@ def machine_busy() -> bool:
     return _busy
 
 
+# --- holds and products on OpenBLAS's threads exclude each other across threads ----------
+ONE, WIDE = 1, 2  # the two sides: holds of one thread; products on OpenBLAS's threads
+_switch_lock = threading.Lock()
+_switch = threading.Condition(_switch_lock)
+_side = 0  # the side inside now (0: none)
+_inside = 0  # threads inside on that side (a thread's nested entries count once)
+_waiting = [0, 0, 0]  # threads waiting to enter, by side
+_last = 0  # the side of the last group to leave: when both sides wait, the other goes first
+_generation = 0  # counts _after_fork's fresh starts: entries of an older one are not counted
+_mine = threading.local()  # this thread's generation and nesting depth
+
+
+def _enter(side: int) -> None:
+    """Enter ``side`` (``ONE`` or ``WIDE``): wait while threads are inside on the other
+    side, or while threads wait for the other side and this side had its turn (so that
+    neither side can keep the other out for ever: a thread taking holds in a loop lets a
+    waiting product in); end with :func:`_leave`. A thread already inside (either side)
+    enters again at once: a product nested in a hold of its own thread runs on one
+    thread, as it always did. (The caller has checked the pid: :func:`_after_fork`.)"""
+    global _side, _inside
+    mine = _mine.__dict__
+    if mine.get("generation") == _generation and mine["depth"]:
+        mine["depth"] += 1
+        return
+    other = 3 - side
+    with _switch_lock:
+        # wait: the other side inside, or waiting (while this side is in, or had its turn)
+        if (_side != side or _waiting[other]) if _inside else (_waiting[other] and _last == side):
+            _waiting[side] += 1
+            try:
+                while (_side != side or _waiting[other]) if _inside else (_waiting[other] and _last == side):
+                    _switch.wait()
+            finally:
+                _waiting[side] -= 1
+        _side = side
+        _inside += 1
+    mine["generation"], mine["depth"] = _generation, 1
+
+
+def _leave() -> None:
+    """End an :func:`_enter` of this thread; the last thread out lets the other side in."""
+    global _side, _inside, _last
+    mine = _mine.__dict__
+    if mine.get("generation") != _generation or not mine["depth"]:
+        return  # entered before a fork: the child started afresh (_after_fork)
+    mine["depth"] -= 1
+    if mine["depth"]:
+        return
+    with _switch_lock:
+        _inside -= 1
+        if not _inside:
+            _side, _last = 0, _side
+            if _waiting[ONE] or _waiting[WIDE]:
+                _switch.notify_all()
+
+
+@contextlib.contextmanager
+def wide(mnk: int) -> Iterator[None]:
+    """Run the block, which makes products of ``mnk`` (``m * n * k``) each on the
+    threads OpenBLAS has now, outside any other thread's hold of one thread (which
+    would give them one thread and, for some shapes, other bits): it waits for those
+    holds to end, and holds wait for it. Nothing is done for products OpenBLAS runs
+    on one thread anyway (below ``OPENBLAS_SINGLE``) or where OpenBLAS is not found."""
+    if mnk < OPENBLAS_SINGLE or not _setters():
+        yield
+        return
+    if _hold_pid != os.getpid():
+        _after_fork()
+    _enter(WIDE)
+    try:
+        yield
+    finally:
+        _leave()
+
+
+def matmul_as_is(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """``np.matmul(x, y)`` on the threads OpenBLAS has now, without :func:`matmul`'s
+    thread rule (for products whose speed was measured that way), but outside other
+    threads' holds (:func:`wide`)."""
+    with wide(x.shape[-2] * x.shape[-1] * y.shape[-1] if x.ndim >= 2 and y.ndim >= 2 else 0):
+        return np.matmul(x, y)
+
+
 def _set_one() -> bool:
     """Hold one OpenBLAS thread: True when a hold was taken (end it with
     :func:`_restore`), False where OpenBLAS has one thread already or none was found.
@@ -155,18 +253,21 @@ def _set_one() -> bool:
     global _held, _saved
     if _hold_pid != os.getpid():
         _after_fork()
+    setters = _setters()
+    if not setters:
+        return False
+    _enter(ONE)  # after any product of another thread on OpenBLAS's threads has ended
     with _hold_lock:
         if _held:
             _held += 1
             return True
-        setters = _setters()
-        if setters:
-            get, put = setters
-            previous = get()
-            if previous > 1:
-                put(1)
-                _held, _saved = 1, previous
-                return True
+        get, put = setters
+        previous = get()
+        if previous > 1:
+            put(1)
+            _held, _saved = 1, previous
+            return True
+    _leave()
     return False
 
 
@@ -192,7 +293,8 @@ def _alone_same(dtype: np.dtype, m: int, k: int, n: int, x_layout: str = "C", y_
     setters = _setters()
     if dtype.kind not in "fc" or dtype.itemsize < 4 or not setters:
         return True  # not a BLAS product (NumPy's own loop), or no OpenBLAS whose count we change
-    threads = setters[0]()
+    with wide(m * k * n):  # the count as no hold of another thread has set it
+        threads = setters[0]()
     if threads <= 1:
         return True
     key = (dtype.str, m, k, n, x_layout, y_layout, threads)
@@ -209,7 +311,8 @@ def _alone_same(dtype: np.dtype, m: int, k: int, n: int, x_layout: str = "C", y_
             return a if layout == "C" else np.asfortranarray(a)
 
         x, y = operand((m, k), x_layout), operand((k, n), y_layout)
-        whole = np.matmul(x, y)
+        with wide(m * k * n):
+            whole = np.matmul(x, y)
         with single_thread():
             alone = np.matmul(x, y)
         known = _alone[key] = bool(np.array_equal(whole.view(np.uint8), alone.view(np.uint8)))
@@ -246,17 +349,22 @@ def _restore() -> None:
             _held -= 1
             if _held == 0:
                 _threads[1](_saved)
+    _leave()
 
 
 def _after_fork() -> None:
     """In a child forked while a thread of the parent held one thread: that thread
     is not in the child, so its hold never ends; give the count back, and start
     the lock afresh (the parent's may have been taken at the fork)."""
-    global _hold_lock, _held, _hold_pid
+    global _hold_lock, _held, _hold_pid, _switch_lock, _switch, _side, _inside, _waiting, _last, _generation
     _hold_lock = threading.Lock()
     if _held and _threads:
         _threads[1](_saved)
     _held, _hold_pid = 0, os.getpid()
+    # the threads inside or waiting were the parent's: none of them is in the child
+    _switch_lock = threading.Lock()
+    _switch, _side, _inside, _waiting, _last = threading.Condition(_switch_lock), 0, 0, [0, 0, 0], 0
+    _generation += 1
 
 
 def matmul(x: np.ndarray, y: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
@@ -266,15 +374,24 @@ def matmul(x: np.ndarray, y: np.ndarray, out: np.ndarray | None = None) -> np.nd
     (:func:`_alone_same`)."""
     if x.ndim >= 2 and y.ndim >= 2:
         mnk = x.shape[-2] * x.shape[-1] * y.shape[-1]
-        if mnk >= SMALL_MNK and out is not None and x.ndim == 2 and y.ndim == 2:
-            split = kernel_table.get("split_matmul")
-            if split is not None and split(x, y, out):
-                return out
-        if _one_thread(mnk, lambda: (np.result_type(x, y), *x.shape[-2:], y.shape[-1], _layout(x), _layout(y))):
-            try:
-                return np.matmul(x, y, out=out)
-            finally:
-                _restore()
+        if mnk >= OPENBLAS_SINGLE:
+            if mnk >= SMALL_MNK and out is not None and x.ndim == 2 and y.ndim == 2:
+                split = kernel_table.get("split_matmul")
+                if split is not None and split(x, y, out):
+                    return out
+            if _one_thread(mnk, lambda: (np.result_type(x, y), *x.shape[-2:], y.shape[-1], _layout(x), _layout(y))):
+                try:
+                    return np.matmul(x, y, out=out)
+                finally:
+                    _restore()
+            if _setters():  # on OpenBLAS's threads: never beside another thread's hold (wide)
+                if _hold_pid != os.getpid():
+                    _after_fork()
+                _enter(WIDE)
+                try:
+                    return np.matmul(x, y, out=out)
+                finally:
+                    _leave()
     return np.matmul(x, y, out=out)
 
 
@@ -286,11 +403,14 @@ def threads_for(mnk: int, product: tuple | None = None) -> Iterator[None]:
     products (row-major operands), so that a busy machine moves them to one thread
     only where that gives the same bits."""
     held = _one_thread(mnk, None if product is None else lambda: (np.dtype(product[0]), *product[1:4], "C", "C"))
+    if not held:
+        with wide(mnk):  # on OpenBLAS's threads: never beside another thread's hold
+            yield
+        return
     try:
         yield
     finally:
-        if held:
-            _restore()
+        _restore()
 
 
 @contextlib.contextmanager

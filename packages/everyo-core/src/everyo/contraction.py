@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from everyo import _blas
 from everyo.dispatch import LOW_PRECISION, primitive
 from everyo.errors import EveryOShapeError
 from everyo.functional import _t
@@ -130,7 +131,8 @@ def einsum(subscripts: str, *operands: TensorLike) -> Tensor:
     work = [d.astype(np.float32) for d in datas] if half else datas
     # Length-1 axes broadcast against longer ones (as NumPy and PyTorch do).
     work = [np.broadcast_to(w, tuple(sizes[c] for c in term)) for w, term in zip(work, terms)]
-    out = np.einsum(f"{','.join(terms)}->{output}", *work, optimize=len(work) > 2)
+    with _blas.wide(_blas.OPENBLAS_SINGLE):  # einsum may hand a contraction to OpenBLAS's threads
+        out = np.einsum(f"{','.join(terms)}->{output}", *work, optimize=len(work) > 2)
     out = out.astype(np.float16) if half else out
 
     def backward(g):
@@ -145,7 +147,8 @@ def einsum(subscripts: str, *operands: TensorLike) -> Tensor:
             unique = "".join(dict.fromkeys(term))
             kept = "".join(c for c in unique if c in seen)
             spec = ",".join([output] + [s for s, _ in others]) + "->" + kept
-            part = np.einsum(spec, g, *[w for _, w in others], optimize=len(others) > 1)
+            with _blas.wide(_blas.OPENBLAS_SINGLE):
+                part = np.einsum(spec, g, *[w for _, w in others], optimize=len(others) > 1)
             # Letters only this operand had were summed away: every element got the same gradient.
             shape = tuple(sizes[c] if c in seen else 1 for c in unique)
             grad = np.broadcast_to(part.reshape(shape), tuple(sizes[c] for c in unique))

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from everyo import _blas
 from everyo.dispatch import primitive
 from everyo.errors import EveryOShapeError
 from everyo.functional import _t
@@ -108,13 +109,13 @@ def _bilinear(x, sh, sw, align_corners):
     ah = interpolation_matrix(h, sh, align_corners).astype(dtype)
     aw = interpolation_matrix(w, sw, align_corners).astype(dtype)
     src = _half_to_float(xd) if half else xd
-    rows = np.matmul(ah, src.reshape(n, h, w * c))  # (n, OH, w*c)
-    out = np.matmul(aw, rows.reshape(n * h * sh, w, c)).reshape(n, h * sh, w * sw, c)
+    rows = _blas.matmul_as_is(ah, src.reshape(n, h, w * c))  # (n, OH, w*c)
+    out = _blas.matmul_as_is(aw, rows.reshape(n * h * sh, w, c)).reshape(n, h * sh, w * sw, c)
 
     def backward(g):
         g = _half_to_float(g) if g.dtype == np.float16 else g
-        gr = np.matmul(aw.T, g.reshape(n * h * sh, w * sw, c))  # (n*OH, w, c)
-        gx = np.matmul(ah.T, gr.reshape(n, h * sh, w * c)).reshape(n, h, w, c)
+        gr = _blas.matmul_as_is(aw.T, g.reshape(n * h * sh, w * sw, c))  # (n*OH, w, c)
+        gx = _blas.matmul_as_is(ah.T, gr.reshape(n, h * sh, w * c)).reshape(n, h, w, c)
         return (_float_to_half(gx) if half else gx,)
 
     return Tensor._from_op(_float_to_half(out) if half else out, (x,), backward)

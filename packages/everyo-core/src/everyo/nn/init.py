@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from everyo import _blas
 from everyo.autograd import no_grad
 from everyo.half import as_dtype
 from everyo.random import generator_for
@@ -229,7 +230,8 @@ def orthogonal_(tensor: Tensor, gain: float = 1.0, *, seed: Seed = None) -> Tens
         raise ValueError(f"nn.init.orthogonal_: needs at least 2 dimensions, got shape {tuple(shape)}")
     rows, cols = int(np.prod(shape[:-1])), shape[-1]
     flat = generator_for(seed).standard_normal((max(rows, cols), min(rows, cols)))
-    q, r = np.linalg.qr(flat)
+    with _blas.wide(_blas.OPENBLAS_SINGLE):  # LAPACK's QR runs on OpenBLAS's threads
+        q, r = np.linalg.qr(flat)
     q *= np.sign(np.diag(r))  # makes the distribution uniform (Haar)
     matrix = q if rows >= cols else q.T
     return _fill(tensor, gain * matrix.reshape(shape), "orthogonal_")

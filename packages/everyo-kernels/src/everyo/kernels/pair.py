@@ -34,6 +34,7 @@ daemon thread; a ``fork`` child starts its own (the pid is checked).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import threading
@@ -271,7 +272,10 @@ def _parts_agree(key: tuple) -> bool:
         dtype, m, k, n, x_layout, y_layout, _ = key
         rng = np.random.default_rng(0)
         x, y = _operand(rng, (m, k), dtype, x_layout), _operand(rng, (k, n), dtype, y_layout)
-        whole = np.matmul(x, y)  # as core's _blas.matmul computes it on an idle machine
+        # as core's _blas.matmul computes it on an idle machine (outside other threads' holds of
+        # one BLAS thread, with a core that has _blas.wide)
+        with getattr(_blas, "wide", lambda mnk: contextlib.nullcontext())(m * k * n):
+            whole = np.matmul(x, y)
         parts = np.empty_like(whole)
         with _blas.single_thread():
             for a, b, c in _halves(x, y, parts):
