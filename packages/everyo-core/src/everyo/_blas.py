@@ -175,8 +175,10 @@ def _enter(side: int) -> None:
     neither side can keep the other out for ever: a thread taking holds in a loop lets a
     waiting product in); end with :func:`_leave`. A thread already inside (either side)
     enters again at once: a product nested in a hold of its own thread runs on one
-    thread, as it always did. (The caller has checked the pid: :func:`_after_fork`.)"""
+    thread, as it always did."""
     global _side, _inside
+    if (_inside or _waiting[ONE] or _waiting[WIDE]) and _hold_pid != os.getpid():
+        _after_fork()  # a fork child: the threads inside or waiting were the parent's
     mine = _mine.__dict__
     if mine.get("generation") == _generation and mine["depth"]:
         mine["depth"] += 1
@@ -223,8 +225,6 @@ def wide(mnk: int) -> Iterator[None]:
     if mnk < OPENBLAS_SINGLE or not _setters():
         yield
         return
-    if _hold_pid != os.getpid():
-        _after_fork()
     _enter(WIDE)
     try:
         yield
@@ -293,8 +293,8 @@ def _alone_same(dtype: np.dtype, m: int, k: int, n: int, x_layout: str = "C", y_
     setters = _setters()
     if dtype.kind not in "fc" or dtype.itemsize < 4 or not setters:
         return True  # not a BLAS product (NumPy's own loop), or no OpenBLAS whose count we change
-    with wide(m * k * n):  # the count as no hold of another thread has set it
-        threads = setters[0]()
+    with _hold_lock:  # the count as no hold has set it: a hold keeps the one it found in _saved
+        threads = _saved if _held else setters[0]()
     if threads <= 1:
         return True
     key = (dtype.str, m, k, n, x_layout, y_layout, threads)
@@ -385,8 +385,6 @@ def matmul(x: np.ndarray, y: np.ndarray, out: np.ndarray | None = None) -> np.nd
                 finally:
                     _restore()
             if _setters():  # on OpenBLAS's threads: never beside another thread's hold (wide)
-                if _hold_pid != os.getpid():
-                    _after_fork()
                 _enter(WIDE)
                 try:
                     return np.matmul(x, y, out=out)
