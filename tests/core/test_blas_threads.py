@@ -251,11 +251,13 @@ def _until(condition, what):
         time.sleep(0.001)
 
 
-def _in_threads(*targets):
+def _run_together(*targets):
+    """Run each target on a thread of its own, all at once; return when all have ended."""
     threads = [threading.Thread(target=t) for t in targets]
     for t in threads:
         t.start()
-    return threads
+    for t in threads:
+        t.join()
 
 
 def test_a_product_on_blas_threads_waits_for_another_threads_hold(fake_openblas):
@@ -273,8 +275,7 @@ def test_a_product_on_blas_threads_waits_for_another_threads_hold(fake_openblas)
         with _blas.wide(BIG):
             seen.append(("product runs on", fake_openblas["count"]))
 
-    for t in _in_threads(hold, product):
-        t.join()
+    _run_together(hold, product)
     assert seen == ["hold ends", ("product runs on", 2)]
 
 
@@ -293,8 +294,7 @@ def test_a_hold_waits_for_another_threads_product_on_blas_threads(fake_openblas)
         with _blas.single_thread():
             seen.append(("hold runs on", fake_openblas["count"]))
 
-    for t in _in_threads(product, hold):
-        t.join()
+    _run_together(product, hold)
     assert seen == [("product ends on", 2), ("hold runs on", 1)]
     assert fake_openblas["count"] == 2
 
@@ -320,8 +320,7 @@ def test_a_waiting_product_is_not_kept_out_by_later_holds(fake_openblas):
         with _blas.single_thread():
             seen.append("later hold")
 
-    for t in _in_threads(first_hold, product, later_hold):
-        t.join()
+    _run_together(first_hold, product, later_hold)
     assert seen == ["first hold ends", "product", "later hold"]
 
 
@@ -334,8 +333,7 @@ def test_holds_overlap_and_products_overlap(fake_openblas):
             with enter():
                 both_in.wait()
 
-        for t in _in_threads(inside, inside):
-            t.join()
+        _run_together(inside, inside)
     assert _blas._inside == 0 and _blas._side == 0
 
 
@@ -367,10 +365,13 @@ def test_a_product_beside_a_hold_keeps_its_bits_with_the_real_blas():
             if _blas._held:  # OpenBLAS found with more than one thread: the product must wait
                 _until(lambda: _blas._waiting[_blas.WIDE] == 1, "the product waits")
 
-    (t,) = _in_threads(hold)
-    holding.wait()
-    beside = _blas.matmul(x, y, np.empty_like(alone))
-    t.join()
+    beside = np.empty_like(alone)
+
+    def product():
+        holding.wait()
+        _blas.matmul(x, y, beside)
+
+    _run_together(hold, product)
     assert np.array_equal(beside.view(np.uint32), alone.view(np.uint32))
 
 
@@ -392,6 +393,5 @@ def test_a_thread_taking_holds_in_a_loop_lets_a_waiting_product_in(fake_openblas
             _until(lambda: _blas._waiting[_blas.ONE] == 1 or "second hold" in seen, "the second hold comes")
             seen.append("product")
 
-    for t in _in_threads(holds, product):
-        t.join()
+    _run_together(holds, product)
     assert seen == ["first hold ended", "product", "second hold"]

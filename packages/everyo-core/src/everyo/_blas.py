@@ -330,9 +330,9 @@ def _one_thread(mnk: int, product: Callable[[], tuple] | None = None) -> bool:
     if mnk < SMALL_MNK:
         return _set_one()
     # The check is made at a shape's first large product, busy or not: made only once
-    # busy, its product on OpenBLAS's threads left their worker spinning (~0.2 s) on a
-    # machine whose cores were taken, and a short run on a busy machine paid for that
-    # (the benchmark LSTM's 8 busy steps: 16-22 ms against 8-11 ms).
+    # busy, its product on OpenBLAS's threads leaves their worker spinning (~0.2 s) on a
+    # machine whose cores are taken (how much that costs the busy LSTM benchmark is
+    # not settled: benchmarks/README.md, "The busy LSTM, again").
     same = True if product is None else _alone_same(*product())
     if machine_busy() and same:
         return _set_one()
@@ -353,9 +353,10 @@ def _restore() -> None:
 
 
 def _after_fork() -> None:
-    """In a child forked while a thread of the parent held one thread: that thread
-    is not in the child, so its hold never ends; give the count back, and start
-    the lock afresh (the parent's may have been taken at the fork)."""
+    """In a fork child: the parent's threads are not in it, so a hold one of them
+    took never ends, and those inside or waiting on a side (:func:`_enter`) never
+    leave; give the count back, and start the locks and the sides afresh (the
+    parent's locks may have been taken at the fork)."""
     global _hold_lock, _held, _hold_pid, _switch_lock, _switch, _side, _inside, _waiting, _last, _generation
     _hold_lock = threading.Lock()
     if _held and _threads:
