@@ -144,12 +144,13 @@ def test_an_lstm_in_an_atexit_handler_still_runs():
 @pytest.fixture
 def split_on(monkeypatch):
     """The conditions that make split_matmul split: the worker awake, the machine not busy,
-    two BLAS threads; a fresh record of checked shapes, and no settling sleep."""
+    two BLAS threads; a fresh record of checked shapes, and no settling time."""
     monkeypatch.setattr(pair, "awake", lambda: True)
     monkeypatch.setattr(_blas, "machine_busy", lambda: False)
     monkeypatch.setattr(pair, "blas_threads", lambda: 2)
     monkeypatch.setattr(pair, "_agree", {})
     monkeypatch.setattr(pair, "SETTLE_S", 0.0)
+    monkeypatch.setattr(_blas, "openblas_spinning", lambda: False)
 
 
 def _matrix(rng, shape, dtype, layout):
@@ -173,6 +174,8 @@ def test_split_products_have_the_bits_of_matmul(split_on, m, k, n, x_layout, dty
     x, y = _matrix(rng, (m, k), dtype, x_layout), _matrix(rng, (k, n), dtype, "C")
     want = np.matmul(x, y)  # as core computes it (BLAS's threads as set)
     out = np.full((m, n), np.nan, dtype)
+    assert not pair.split_matmul(x, y, out)  # a shape's first product: checked, left to core
+    assert np.isnan(out).all()
     did = pair.split_matmul(x, y, out)
     key = (np.dtype(dtype).name, m, k, n, x_layout, "C", 2)
     assert did == pair._agree[key]  # split exactly where its check found the parts' bits equal
@@ -197,6 +200,7 @@ def test_the_check_finds_a_blas_whose_parts_differ(split_on, monkeypatch):
     out = np.zeros((1600, 512), np.float32)
     assert not pair.split_matmul(x, y, out)
     assert pair._agree == {("float32", 1600, 33, 512, "C", "C", 2): False}
+    assert not pair.split_matmul(x, y, out)  # known to differ: never split
     assert not out.any()
 
 
@@ -214,14 +218,74 @@ def test_no_split_unless_every_condition_holds(split_on, monkeypatch):
     ]
     for a, b, o in cases:
         assert not pair.split_matmul(a, b, o), (a.shape, b.shape, a.dtype)
+    assert not pair.split_matmul(x, y, out)  # the shape's first product: checked
     assert pair.split_matmul(x, y, out)  # all conditions hold
-    for attribute, value in (("awake", lambda: False), ("blas_threads", lambda: 1)):
-        with monkeypatch.context() as m:
-            m.setattr(pair, attribute, value)
-            assert not pair.split_matmul(x, y, out), attribute
+    with monkeypatch.context() as m:
+        m.setattr(pair, "awake", lambda: False)
+        assert pair.split_matmul(x, y, out)  # two BLAS threads: the pair owns the second core
+        m.setattr(pair, "blas_threads", lambda: 4)
+        assert not pair.split_matmul(x, y, out)  # four, and no scan just ran: OpenBLAS's threads
+        m.setattr(pair, "awake", lambda: True)
+        assert not pair.split_matmul(x, y, out)  # right after a scan, as before: a new key, checked
+        assert pair.split_matmul(x, y, out)
+    with monkeypatch.context() as m:
+        m.setattr(pair, "blas_threads", lambda: 1)
+        assert not pair.split_matmul(x, y, out)
     with monkeypatch.context() as m:
         m.setattr(_blas, "machine_busy", lambda: True)
         assert not pair.split_matmul(x, y, out)
+
+
+def test_a_narrow_product_is_split_along_its_long_side(split_on):
+    # the first convolution's weight gradient, g.T @ columns: (32, N) @ (N, 9)
+    rng = np.random.default_rng(5)
+    g, cols = rng.standard_normal((40000, 32)).astype(np.float32), rng.standard_normal((40000, 9)).astype(np.float32)
+    want = np.matmul(g.T, cols)
+    out = np.full((32, 9), np.nan, np.float32)
+    assert not pair.split_matmul(g.T, cols, out)  # checked
+    assert pair.split_matmul(g.T, cols, out) == pair._agree[("float32", 32, 40000, 9, "F", "C", 2)]
+    if pair._agree[("float32", 32, 40000, 9, "F", "C", 2)]:
+        assert np.array_equal(out.view(np.uint8), want.view(np.uint8))
+    narrow = np.empty((12, 9), np.float32)  # no side of 16 or more: whole
+    assert not pair.split_matmul(g[:, :12].T.copy(), cols, narrow)
+
+
+def test_a_spinning_openblas_worker_is_waited_for_once_per_checked_shape(split_on, monkeypatch):
+    spinning = [True]
+    slept = []
+
+    def sleep(seconds):  # a wait ends when OpenBLAS's worker settles
+        slept.append(seconds)
+        spinning[0] = False
+
+    monkeypatch.setattr(pair.time, "sleep", sleep)
+    monkeypatch.setattr(pair, "SETTLE_S", 3600.0)  # the longest wait (the fake sleep ends it at once)
+    monkeypatch.setattr(_blas, "openblas_spinning", lambda: spinning[0])
+    monkeypatch.setattr(pair, "_waits", 0)
+    rng = np.random.default_rng(6)
+    x, y = rng.standard_normal((1600, 33)).astype(np.float32), rng.standard_normal((33, 512)).astype(np.float32)
+    out = np.full((1600, 512), np.nan, np.float32)
+    key = ("float32", 1600, 33, 512, "C", "C", 2)
+    assert not pair.split_matmul(x, y, out) and pair._waits == 1  # checked: one wait granted
+    assert pair._agree[key], "this BLAS gives the halves other bits: nothing below would split"
+    assert pair.split_matmul(x, y, out) and len(slept) == 1 and pair._waits == 0  # waited, then split
+    assert np.array_equal(out.view(np.uint8), np.matmul(x, y).view(np.uint8))
+    spinning[0] = True  # another product woke it again, no wait left: core makes this one
+    out[...] = np.nan
+    assert not pair.split_matmul(x, y, out) and np.isnan(out).all() and len(slept) == 1
+    assert not pair.owns_second_core()  # no halves either while it spins
+    spinning[0] = False
+    assert pair.split_matmul(x, y, out) and pair.owns_second_core()
+
+
+def test_core_notes_its_products_on_openblas_threads():
+    threadpoolctl = pytest.importorskip("threadpoolctl")
+    x = np.ones((512, 512), np.float32)
+    with threadpoolctl.threadpool_limits(2):
+        _blas._spin_until = 0.0
+        assert not _blas.openblas_spinning()
+        _blas.matmul(np.stack([x, x]), np.stack([x, x]))  # batched, each product large: on OpenBLAS's threads
+        assert _blas.openblas_spinning()
 
 
 def test_at_most_max_shapes_are_checked(split_on, monkeypatch):
@@ -274,3 +338,41 @@ def test_lstm_training_steps_on_the_pair_match_the_numpy_path(monkeypatch):
     for g, w in zip(got, want):
         assert np.array_equal(g.view(np.uint8), w.view(np.uint8))
     assert calls["lstm_forward_scan"] == 3 and calls["split_matmul"] >= 3 * 3
+
+
+@pytest.mark.parametrize("route", ["matmul", "matmul_as_is"])
+def test_core_offers_its_large_products_to_the_pair_without_an_out_array(split_on, monkeypatch, route):
+    calls = count_calls(monkeypatch, ["split_matmul"])
+    rng = np.random.default_rng(7)
+    x, y = rng.standard_normal((1600, 33)).astype(np.float32), rng.standard_normal((33, 512)).astype(np.float32)
+    want = np.matmul(x, y)
+    first = getattr(_blas, route)(x, y)  # checked, made by core
+    assert calls["split_matmul"] == 1 and pair._agree[("float32", 1600, 33, 512, "C", "C", 2)]
+    split = pair.run
+    halves = []
+    monkeypatch.setattr(pair, "run", lambda mine, theirs: halves.append(1) or split(mine, theirs))
+    got = getattr(_blas, route)(x, y)  # made as two halves
+    assert calls["split_matmul"] == 2 and halves == [1]
+    for result in (first, got):
+        assert result.shape == want.shape and result.flags.c_contiguous
+        assert np.array_equal(result.view(np.uint8), want.view(np.uint8))
+    monkeypatch.setattr(pair, "blas_threads", lambda: 1)  # refused: core's own product, same result
+    again = getattr(_blas, route)(x, y)
+    assert calls["split_matmul"] == 3 and np.array_equal(again.view(np.uint8), want.view(np.uint8))
+    ints = getattr(_blas, route)(np.ones((1600, 33), np.int64), np.ones((33, 512), np.int64))
+    assert calls["split_matmul"] == 3 and ints.dtype == np.int64 and (ints == 33).all()  # not offered
+
+
+def test_the_worker_keeps_no_array_of_a_finished_job():
+    # Its last job's closure (a split product's operands and result) used to stay alive until
+    # the next job: 0.75 MiB more held by an autocast transformer's graph (test_saved_activations).
+    import functools
+    import gc
+    import weakref
+
+    big = np.ones(1 << 16, np.float32)
+    gone = weakref.ref(big)
+    pair.run(lambda: None, functools.partial(np.sum, big))  # holds the array itself, not a cell
+    del big
+    gc.collect()
+    assert gone() is None

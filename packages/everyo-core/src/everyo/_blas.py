@@ -41,11 +41,13 @@ user's own NumPy code in another thread is not covered: it runs on the count in
 force when it starts. Where OpenBLAS is not found (another BLAS, another OS) :func:`matmul` is ``np.matmul`` and NumPy runs as configured. Set
 ``SMALL_MNK = 0`` to turn the rule off.
 
-With everyo-kernels, a large 2-D product into an ``out`` array may instead run
-as two halves (rows or columns) on two threads of EveryO's own, each on one BLAS thread
-(kernel ``split_matmul``): only right after an LSTM scan used those threads,
-and only for shapes whose halves were found to give the whole product's bits
-(everyo-kernels' ``pair`` module).
+With everyo-kernels, a large 2-D product may instead run as two halves (rows or
+columns) on two threads of EveryO's own, each on one BLAS thread (kernel
+``split_matmul``): where OpenBLAS has exactly two threads and the machine is not
+busy (or right after an LSTM scan used those threads), and only for shapes whose
+halves were found to give the whole product's bits (everyo-kernels' ``pair``
+module). Then OpenBLAS's own worker is not woken, and the kernels' large passes
+use the second core on the same threads (everyo-kernels' ``halves`` module).
 """
 
 from __future__ import annotations
@@ -66,6 +68,7 @@ import numpy as np
 from everyo import kernel_table
 
 __all__ = [
+    "openblas_spinning",
     "SMALL_MNK",
     "OPENBLAS_SINGLE",
     "machine_busy",
@@ -76,6 +79,7 @@ __all__ = [
     "matmul_as_is",
 ]
 
+_SPLIT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))  # the dtypes split_matmul takes
 SMALL_MNK = 1 << 23  # about 0.2 ms of single-thread float32 work on the development machine
 # OpenBLAS's own rule (interface/gemm.c: 65536 * GEMM_MULTITHREAD_THRESHOLD 4): at or below it,
 # one thread already, so no call is needed.
@@ -88,6 +92,10 @@ _saved = 1  # the count the first of them found, restored when the last ends
 _hold_pid = os.getpid()  # the process the holds belong to (a fork child starts afresh)
 
 BUSY_CHECK_S = 0.1
+# How long OpenBLAS's workers spin after a product they split (2^28 cycles by default:
+# `python benchmarks/harness.py --gap` found a core still taken at 0.05 s, none from 0.2 s).
+WIDE_SPIN_S = 0.2
+_spin_until = 0.0  # time.monotonic() until which a product on OpenBLAS's threads may still spin
 _CORES = os.cpu_count() or 1
 _busy = False
 _checked = -1.0
@@ -215,6 +223,20 @@ def _leave() -> None:
                 _switch.notify_all()
 
 
+def _woke() -> None:
+    """Note that a product just ran on OpenBLAS's threads (see :func:`openblas_spinning`)."""
+    global _spin_until
+    _spin_until = time.monotonic() + WIDE_SPIN_S
+
+
+def openblas_spinning() -> bool:
+    """Whether a product through this module ran on OpenBLAS's threads less than
+    ``WIDE_SPIN_S`` ago, so that OpenBLAS's worker may still be spinning on a core
+    (everyo-kernels' pair then leaves that core to it: a thread of its own beside the
+    spinning worker made a CNN step twice as slow, measured)."""
+    return time.monotonic() < _spin_until
+
+
 @contextlib.contextmanager
 def wide(mnk: int) -> Iterator[None]:
     """Run the block, which makes products of ``mnk`` (``m * n * k``) each on the
@@ -229,15 +251,40 @@ def wide(mnk: int) -> Iterator[None]:
     try:
         yield
     finally:
+        _woke()
         _leave()
 
 
 def matmul_as_is(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     """``np.matmul(x, y)`` on the threads OpenBLAS has now, without :func:`matmul`'s
     thread rule (for products whose speed was measured that way), but outside other
-    threads' holds (:func:`wide`)."""
-    with wide(x.shape[-2] * x.shape[-1] * y.shape[-1] if x.ndim >= 2 and y.ndim >= 2 else 0):
-        return np.matmul(x, y)
+    threads' holds (:func:`wide`); a large 2-D product may run as everyo-kernels' two
+    halves instead (:func:`_split_product`, the same bits)."""
+    mnk = x.shape[-2] * x.shape[-1] * y.shape[-1] if x.ndim >= 2 and y.ndim >= 2 else 0
+    out = None
+    if mnk >= SMALL_MNK and x.ndim == 2 and y.ndim == 2:
+        made, out = _split_product(x, y, None)
+        if made and out is not None:  # made: out holds the product
+            return out
+    with wide(mnk):
+        return np.matmul(x, y, out=out)
+
+
+def _split_product(x: np.ndarray, y: np.ndarray, out: np.ndarray | None) -> tuple[bool, np.ndarray | None]:
+    """Offer the large 2-D product ``x @ y`` to everyo-kernels' ``split_matmul`` (two
+    halves on its pair of threads, each on one BLAS thread, only where they have the
+    bits of the whole product: everyo.kernels.pair). Returns (True, the result) when
+    the halves made it; else (False, the array to pass as ``out`` to ``np.matmul``:
+    the caller's ``out``, or the one made here for the offer, the same C-contiguous
+    array ``np.matmul`` would make; None where nothing was offered)."""
+    split = kernel_table.get("split_matmul")
+    if split is None:
+        return False, out
+    if out is None:
+        if x.dtype != y.dtype or x.dtype not in _SPLIT_DTYPES:
+            return False, None
+        out = np.empty((x.shape[0], y.shape[1]), x.dtype)
+    return bool(split(x, y, out)), out
 
 
 def _set_one() -> bool:
@@ -376,9 +423,9 @@ def matmul(x: np.ndarray, y: np.ndarray, out: np.ndarray | None = None) -> np.nd
     if x.ndim >= 2 and y.ndim >= 2:
         mnk = x.shape[-2] * x.shape[-1] * y.shape[-1]
         if mnk >= OPENBLAS_SINGLE:
-            if mnk >= SMALL_MNK and out is not None and x.ndim == 2 and y.ndim == 2:
-                split = kernel_table.get("split_matmul")
-                if split is not None and split(x, y, out):
+            if mnk >= SMALL_MNK and x.ndim == 2 and y.ndim == 2:
+                made, out = _split_product(x, y, out)
+                if made and out is not None:  # made: out holds the product
                     return out
             if _one_thread(mnk, lambda: (np.result_type(x, y), *x.shape[-2:], y.shape[-1], _layout(x), _layout(y))):
                 try:
@@ -390,6 +437,7 @@ def matmul(x: np.ndarray, y: np.ndarray, out: np.ndarray | None = None) -> np.nd
                 try:
                     return np.matmul(x, y, out=out)
                 finally:
+                    _woke()
                     _leave()
     return np.matmul(x, y, out=out)
 

@@ -27,6 +27,7 @@ from everyo.kernels.dense import add_bias, column_sums, outer_product, relu_back
 from everyo.kernels.embedding import embedding_backward
 from everyo.kernels.float16 import half_codes, half_to_float, round_to_half
 from everyo.kernels.gelu import gelu_backward, gelu_forward
+from everyo.kernels.halves import by_columns, by_images, by_leading_axis, softmax_shift_rows
 from everyo.kernels.optim import adam_update
 from everyo.kernels.pair import split_matmul
 from everyo.kernels.pool import max_pool_backward, max_pool_forward
@@ -65,22 +66,23 @@ TABLE: dict[str, Callable[..., Any]] = {
     "lstm_gates_in": lstm_gates_in,
     "lstm_gates_out": lstm_gates_out,
     "lstm_cell_backward": lstm_cell_backward,
-    "add_bias": add_bias,
-    "relu_forward": relu_forward,
-    "relu_backward": relu_backward,
-    "column_sums": column_sums,
+    # the large passes in two halves on the pair where it owns the second core (everyo.kernels.halves)
+    "add_bias": by_leading_axis(add_bias, (0,)),
+    "relu_forward": by_leading_axis(relu_forward, (0, 1)),
+    "relu_backward": by_leading_axis(relu_backward, (0, 1, 2)),
+    "column_sums": by_columns(column_sums),
     "outer_product": outer_product,
-    "im2col": im2col,
-    "col2im": col2im,
-    "max_pool_forward": max_pool_forward,
-    "max_pool_backward": max_pool_backward,
-    "softmax_shift": softmax_shift,
-    "softmax_scale": softmax_scale,
-    "softmax_backward": softmax_backward,
-    "layer_norm_forward": layer_norm_forward,
+    "im2col": by_images(im2col, image=0, columns=1, geometry=slice(10, 12)),
+    "col2im": by_images(col2im, image=1, columns=0, geometry=slice(10, 12)),
+    "max_pool_forward": by_leading_axis(max_pool_forward, (0, 1)),
+    "max_pool_backward": by_leading_axis(max_pool_backward, (0, 1, 2, 3)),
+    "softmax_shift": softmax_shift_rows(softmax_shift),
+    "softmax_scale": by_leading_axis(softmax_scale, (0,)),
+    "softmax_backward": by_leading_axis(softmax_backward, (0, 1, 2)),
+    "layer_norm_forward": by_leading_axis(layer_norm_forward, (0, 5, 6, 7)),
     "layer_norm_backward": layer_norm_backward,
-    "gelu_forward": gelu_forward,
-    "gelu_backward": gelu_backward,
+    "gelu_forward": by_leading_axis(gelu_forward, (0, 1, 2)),
+    "gelu_backward": by_leading_axis(gelu_backward, (0, 1, 2, 3)),
     "adam_update": adam_update,
     "embedding_backward": embedding_backward,
 }

@@ -15,18 +15,25 @@ helping (everyo-kernels README, "The whole-loop LSTM kernels"):
 So the pair is one worker thread that, after each job, stays awake for
 ``SPIN_S`` (a compiled loop, outside the GIL, calling ``sched_yield`` each
 time round so any other runnable thread gets the core first) and then
-sleeps on an event. While it is awake, the step's large 2-D products are
-split in two halves (rows or columns) over it and the caller, each on one OpenBLAS thread
-(:func:`split_matmul`), so OpenBLAS's workers are never woken; and the
-LSTM's scans run their batch as two row ranges on it and the caller
-(``everyo.kernels.recurrent``).
+sleeps on an event. The LSTM's scans run their batch as two row ranges on it
+and the caller (``everyo.kernels.recurrent``).
+
+Where OpenBLAS has exactly two threads (a 2-core machine) and the machine is
+not busy, the pair is the process's one way of using the second core
+(:func:`owns_second_core`): the large 2-D products are split in two halves
+(rows or columns) over it and the caller, each on one OpenBLAS thread
+(:func:`split_matmul`), so OpenBLAS's workers are not woken, and so are the
+kernels' large passes (:mod:`everyo.kernels.halves`: im2col, pooling, ReLU,
+softmax, ...), which a spinning OpenBLAS worker would otherwise share the
+second core with. With more BLAS threads, products are split only while the
+worker is awake (right after an LSTM scan).
 
 Results stay bit-identical to core's NumPy path: a product is split only for
 a (dtype, shape, layouts, BLAS threads) whose halves, each computed alone on one thread, were
 found to have the bits of the whole product computed as core computes it
 (on the threads OpenBLAS has now): checked once per shape with random
-operands (:func:`_parts_agree`). That check wakes OpenBLAS's workers once;
-the next split waits until they are asleep again (``SETTLE_S``).
+operands (:func:`_parts_agree`). That check wakes OpenBLAS's workers;
+a later split waits until they are asleep again (``SETTLE_S``), once.
 
 Nothing of this runs at import: the worker starts at the first job. It is a
 daemon thread; a ``fork`` child starts its own (the pid is checked).
@@ -53,7 +60,7 @@ from everyo.kernels._native import blas_threads
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-__all__ = ["SPIN_S", "SETTLE_S", "MIN_ROWS", "awake", "run", "split_matmul"]
+__all__ = ["SPIN_S", "SETTLE_S", "MIN_ROWS", "awake", "owns_second_core", "run", "split_matmul"]
 
 SPIN_S = 0.005  # how long the worker stays awake after a job
 # How long OpenBLAS's workers spin after a product they split (2^28 cycles by default;
@@ -61,10 +68,10 @@ SPIN_S = 0.005  # how long the worker stays awake after a job
 SETTLE_S = 0.2
 MIN_ROWS = 8  # rows of each part of a split product
 # Products (dtype, shape, layout, BLAS threads) checked per process; later new ones are not
-# split. Each check costs the product twice and up to SETTLE_S of sleep: at most 8 of
-# them (a training loop has three per LSTM layer, and as many more for a last, smaller
-# batch); a loop whose shapes keep changing runs its later shapes as core does.
-MAX_SHAPES = 8
+# split. Each check costs the product twice and up to SETTLE_S of sleep: at most 16 of
+# them (a CNN step has eight large ones, an LSTM layer three; as many more for a last,
+# smaller batch); a loop whose shapes keep changing runs its later shapes as core does.
+MAX_SHAPES = 16
 
 _IDLE, _POSTED, _DONE = 0, 1, 2
 
@@ -159,6 +166,9 @@ class _Worker:
                         job()
                 except BaseException as error:  # handed to the caller, which raises it
                     self.error = error
+                # the job's closure holds its arrays (a product's operands and result): not
+                # kept alive while the worker waits for the next job
+                job = None
                 posted = _poll(ctrl, yield_fn, ticks, True)
             else:
                 self.wake.wait()
@@ -228,10 +238,49 @@ def awake() -> bool:
     return worker is not None and worker.pid == os.getpid() and time.monotonic() - worker.last < SPIN_S
 
 
+def owns_second_core() -> bool:
+    """Whether the pair is this process's way of using a second core now: the BLAS
+    has exactly two threads (a 2-core machine, as OpenBLAS sets itself) and the
+    machine is not busy (``_blas.machine_busy``). Then large products are split over
+    the pair (:func:`split_matmul`) and so are the kernels' large passes
+    (:mod:`everyo.kernels.halves`): OpenBLAS's own worker is not woken, so it never
+    spins on the core the pair's worker needs. With more BLAS threads the products
+    stay on OpenBLAS's threads (two halves would use two of its cores) and the
+    passes run whole."""
+    return blas_threads() == 2 and not _blas.machine_busy() and not _spinning()
+
+
+def _spinning() -> bool:
+    """Whether OpenBLAS's worker may still spin after a product on its threads: core's
+    ``_blas.openblas_spinning``; with an older core, which has none, after a check's
+    product (:func:`_parts_agree`) only."""
+    spinning = getattr(_blas, "openblas_spinning", None)
+    if spinning is None:
+        return time.monotonic() < _settle_until
+    return bool(spinning())
+
+
+def _settle() -> bool:
+    """True when OpenBLAS's worker is not spinning, after waiting for it to stop if a
+    wait is left (one per shape :func:`_parts_agree` checked); False when it spins and
+    no wait is left."""
+    global _waits
+    if not _spinning():
+        return True
+    if _waits <= 0:
+        return False
+    _waits -= 1
+    deadline = time.monotonic() + SETTLE_S
+    while _spinning() and time.monotonic() < deadline:
+        time.sleep(SETTLE_S / 20)
+    return not _spinning()
+
+
 # --- split products ----------------------------------------------------------------------
 
 _agree: dict[tuple, bool] = {}
-_settle_until = 0.0
+_settle_until = 0.0  # until when the last check's product may leave OpenBLAS's worker spinning
+_waits = 0  # waits for that worker to settle still allowed (one per checked shape: _settle)
 
 
 def _layout(a: np.ndarray) -> str | None:
@@ -265,7 +314,7 @@ def _parts_agree(key: tuple) -> bool:
     """Whether the two halves of a product (:func:`_halves`), each on one BLAS thread, give the
     bits of the whole product on BLAS's threads as set now (random operands);
     once per key, at most ``MAX_SHAPES`` keys."""
-    global _settle_until
+    global _settle_until, _waits
     if key not in _agree:
         if len(_agree) >= MAX_SHAPES:
             return False
@@ -282,33 +331,46 @@ def _parts_agree(key: tuple) -> bool:
                 np.matmul(a, b, out=c)
         _agree[key] = bool(np.array_equal(whole.view(np.uint8), parts.view(np.uint8)))
         _settle_until = time.monotonic() + SETTLE_S  # that product woke OpenBLAS's workers
+        _waits += 1
     return _agree[key]
 
 
 def split_matmul(x: np.ndarray, y: np.ndarray, out: np.ndarray) -> bool:
     """``np.matmul(x, y, out=out)`` as two halves (:func:`_halves`) on the pair (this
     thread and the worker), each on one BLAS thread, and True; or False (nothing done) where
-    that does not apply: the worker is asleep (no LSTM scan just ran), the
-    machine is busy, BLAS has one thread, the product is small, the operands are
-    not float32/float64 2-D arrays of one dtype with contiguous rows or columns,
-    ``out`` is not C-contiguous, or the parts' bits were found to differ."""
-    if not awake() or x.ndim != 2 or y.ndim != 2 or out.ndim != 2:
+    that does not apply: the pair neither owns the second core (:func:`owns_second_core`)
+    nor is awake (an LSTM scan just ran), the machine is busy, BLAS has one thread, the
+    product is small, the operands are not float32/float64 2-D arrays of one dtype with
+    contiguous rows or columns, ``out`` is not C-contiguous, the parts' bits were found
+    to differ, or a product just ran on OpenBLAS's threads (core's
+    ``_blas.openblas_spinning``: its worker may still spin on the core the halves need).
+
+    A shape's first product is not split: it is checked (:func:`_parts_agree`, whose
+    whole product wakes OpenBLAS's worker) and core makes it as always. A later split
+    that finds the worker spinning waits for it to settle (``SETTLE_S`` at most) while
+    waits are left, one per checked shape: a training loop's first step checks all its
+    shapes, and its second step waits once instead of once per shape. Past those waits
+    (a loop with a product on OpenBLAS's threads in every step) products beside a
+    spinning worker are left to core."""
+    if x.ndim != 2 or y.ndim != 2 or out.ndim != 2:
         return False
     m, k = x.shape
     n = y.shape[1]
     dt = x.dtype
-    if m * k * n < _blas.SMALL_MNK or min(m, n) < 2 * MIN_ROWS or dt != y.dtype or dt != out.dtype:
+    if m * k * n < _blas.SMALL_MNK or max(m, n) < 2 * MIN_ROWS or dt != y.dtype or dt != out.dtype:
         return False
     if dt not in (np.dtype(np.float32), np.dtype(np.float64)) or not out.flags.c_contiguous:
         return False
     x_layout, y_layout = _layout(x), _layout(y)
-    if x_layout is None or y_layout is None or blas_threads() < 2 or _blas.machine_busy():
+    threads = blas_threads()
+    if x_layout is None or y_layout is None or threads < 2 or _blas.machine_busy():
         return False
-    if not _parts_agree((dt.name, m, k, n, x_layout, y_layout, blas_threads())):
+    if not (threads == 2 or awake()):
         return False
-    wait = _settle_until - time.monotonic()
-    if wait > 0:
-        time.sleep(wait)
+    key = (dt.name, m, k, n, x_layout, y_layout, threads)
+    new = key not in _agree
+    if not _parts_agree(key) or new or not _settle():
+        return False
     (x0, y0, out0), (x1, y1, out1) = _halves(x, y, out)
     with _blas.single_thread():
         run(lambda: np.matmul(x0, y0, out=out0), lambda: np.matmul(x1, y1, out=out1))

@@ -1,0 +1,123 @@
+"""Large passes of the kernels whose parts are independent, in two halves on the pair.
+
+On a machine whose BLAS has two threads (a 2-core machine, as OpenBLAS sets
+itself), a training step's passes over whole activations (im2col and col2im,
+max pooling, ReLU, the bias add, softmax, LayerNorm's forward, GELU) ran on one
+core while the other one idled, or spun in OpenBLAS's worker after the last
+product. Here each such pass, from ``MIN_VALUES`` values up, runs as two halves:
+one on the caller's thread, one on the pair's worker (:mod:`everyo.kernels.pair`),
+while :func:`everyo.kernels.pair.split_matmul` keeps the step's large products
+on the same two threads, so that OpenBLAS's own worker is never woken to spin
+on the core the worker needs (one product on OpenBLAS's threads per CNN step
+made the halves twice as slow, measured).
+
+Every split is **bit-identical** to the whole kernel: each output value is
+computed by the same code from the same inputs in either half. The halves are
+whole images (im2col, col2im, pooling), whole rows (the bias add, softmax,
+LayerNorm's forward: a row's sums stay in one half; a softmax's rows are cut
+where its repeated mask starts again), whole columns (``column_sums``: each
+column's adds stay in order), or plain element ranges (ReLU, GELU).
+
+Nothing is split where :func:`everyo.kernels.pair.owns_second_core` is False:
+a BLAS with one thread or more than two, or a busy machine (then one thread
+makes the whole pass, as before).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from everyo.kernels import pair
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+__all__ = ["MIN_VALUES", "by_leading_axis", "by_images", "by_columns", "softmax_shift_rows"]
+
+# Below this many values a half's work (~0.1 ms of float32 ReLU at this size on the
+# development machine) is too close to the handshake's cost to be worth it.
+MIN_VALUES = 1 << 18
+
+
+def _split(size: int) -> bool:
+    return size >= MIN_VALUES and pair.owns_second_core()
+
+
+def by_leading_axis(kernel: Callable[..., Any], cut: tuple[int, ...]) -> Callable[..., Any]:
+    """``kernel`` with its positional arguments at ``cut`` split in two along their
+    first axis (at half the first argument's length), the halves on the pair."""
+
+    def split(*args: Any) -> Any:
+        first = args[0]
+        n = first.shape[0]
+        if n < 2 or not _split(first.size):
+            return kernel(*args)
+        h = n // 2
+        lo = [a[:h] if i in cut else a for i, a in enumerate(args)]
+        hi = [a[h:] if i in cut else a for i, a in enumerate(args)]
+        pair.run(lambda: kernel(*lo), lambda: kernel(*hi))
+        return None
+
+    split.__name__ = split.__qualname__ = getattr(kernel, "__name__", "kernel")
+    split.__doc__ = getattr(kernel, "__doc__", None)
+    split.whole = kernel  # type: ignore[attr-defined]
+    return split
+
+
+def by_images(kernel: Callable[..., Any], image: int, columns: int, geometry: slice) -> Callable[..., Any]:
+    """im2col / col2im: the (N, H, W, C) argument at ``image`` split by images, the
+    (N * OH * OW, K) columns at ``columns`` at the same image (``OH, OW`` the last two
+    of ``args[geometry]``)."""
+
+    def split(*args: Any) -> Any:
+        images, cols = args[image], args[columns]
+        n = images.shape[0]
+        if n < 2 or not _split(cols.size):
+            return kernel(*args)
+        oh, ow = args[geometry][-2:]
+        h, r = n // 2, (n // 2) * oh * ow
+        lo, hi = list(args), list(args)
+        lo[image], hi[image] = images[:h], images[h:]
+        lo[columns], hi[columns] = cols[:r], cols[r:]
+        pair.run(lambda: kernel(*lo), lambda: kernel(*hi))
+        return None
+
+    split.__name__ = split.__qualname__ = getattr(kernel, "__name__", "kernel")
+    split.__doc__ = getattr(kernel, "__doc__", None)
+    split.whole = kernel  # type: ignore[attr-defined]
+    return split
+
+
+def by_columns(kernel: Callable[..., Any]) -> Callable[..., Any]:
+    """``column_sums(a, out)`` with ``a``'s columns (and ``out``) in two halves."""
+
+    def split(a: Any, out: Any) -> Any:
+        n = a.shape[1]
+        if n < 2 or not _split(a.size):
+            return kernel(a, out)
+        h = n // 2
+        pair.run(lambda: kernel(a[:, :h], out[:h]), lambda: kernel(a[:, h:], out[h:]))
+        return None
+
+    split.__name__ = split.__qualname__ = getattr(kernel, "__name__", "kernel")
+    split.__doc__ = getattr(kernel, "__doc__", None)
+    split.whole = kernel  # type: ignore[attr-defined]
+    return split
+
+
+def softmax_shift_rows(kernel: Callable[..., Any]) -> Callable[..., Any]:
+    """``softmax_shift(x, blocked, out)`` in two halves of rows, cut where the mask's
+    rows start again (row ``i`` reads mask row ``i % len(blocked)``)."""
+
+    def split(x: Any, blocked: Any, out: Any) -> Any:
+        period = 1 if blocked is None else blocked.shape[0]
+        h = (x.shape[0] // 2) // period * period
+        if h == 0 or not _split(x.size):
+            return kernel(x, blocked, out)
+        pair.run(lambda: kernel(x[:h], blocked, out[:h]), lambda: kernel(x[h:], blocked, out[h:]))
+        return None
+
+    split.__name__ = split.__qualname__ = getattr(kernel, "__name__", "kernel")
+    split.__doc__ = getattr(kernel, "__doc__", None)
+    split.whole = kernel  # type: ignore[attr-defined]
+    return split

@@ -1,0 +1,191 @@
+"""everyo-kernels' halves: the large passes in two halves on the pair.
+
+Each split kernel in the table, forced to split (a small ``MIN_VALUES``, the pair
+owning the second core), against the same kernel run whole (whose bits the other
+kernel tests compare with core's NumPy path): bit-identical outputs, on odd sizes
+where the halves are unequal, with special values; the halves really ran on the
+pair; nothing is split where the pair does not own the second core or the pass is
+small. Then whole training steps (a CNN, a causal transformer block) with the
+splits against the same steps without them, bit for bit."""
+
+import numpy as np
+import pytest
+from conftest import count_calls
+
+import everyo as eo
+from everyo import _blas, kernel_table
+from everyo.kernels import halves, pair
+
+SPECIALS = [0.0, -0.0, np.nan, np.inf, -np.inf, 1e-45, -3e38]
+
+
+@pytest.fixture
+def forced(monkeypatch):
+    """Split everything of 16 values or more; count the pair's jobs."""
+    monkeypatch.setattr(halves, "MIN_VALUES", 16)
+    monkeypatch.setattr(pair, "owns_second_core", lambda: True)
+    jobs = []
+    run = pair.run
+
+    def counted(mine, theirs):
+        jobs.append(1)
+        return run(mine, theirs)
+
+    monkeypatch.setattr(pair, "run", counted)
+    return jobs
+
+
+def _same_bits(a, b):
+    """Bit-identical, NaN positions included (a NaN's payload may differ: see test_dense_kernels)."""
+    nan_a, nan_b = np.isnan(a), np.isnan(b)
+    return np.array_equal(nan_a, nan_b) and np.array_equal(a[~nan_a].view(np.uint8), b[~nan_b].view(np.uint8))
+
+
+def _values(rng, shape, dtype=np.float32, specials=True):
+    x = rng.standard_normal(shape).astype(dtype)
+    if specials:
+        flat = x.reshape(-1)
+        flat[rng.integers(0, flat.size, len(SPECIALS))] = np.array(SPECIALS, dtype)
+    return x
+
+
+def _cases(rng):
+    """(table name, inputs, outputs as fresh arrays, extra arguments after them)."""
+    rows, n = 37, 29  # odd: the halves differ by a row
+    x = _values(rng, (rows, n))
+    g = _values(rng, (rows, n))
+    relu_out = np.maximum(_values(rng, rows * n), 0)
+    soft = np.abs(_values(rng, (rows, n), specials=False))
+    img = _values(rng, (5, 7, 6, 9))
+    pooled = np.empty((5, 3, 3, 9), np.float32)
+    kernel_table.get("max_pool_forward").whole(img, pooled, 2, 2, 2, 2)
+    im2col_args = (3, 3, 1, 1, 1, 1, 1, 1, 7, 6)  # 3x3 'same'
+    col2im_args = (3, 3, 1, 1, 1, 1, 1, 1, 7, 6, 1, 1)
+    mask = np.tril(np.ones((4, n), bool))  # repeated over the rows: 36 rows = 9 repeats
+    w, b = _values(rng, n, specials=False), _values(rng, n, specials=False)
+    return [
+        ("add_bias", [x.copy(), b], [], []),  # in place: the first input is the output
+        ("relu_forward", [x.reshape(-1)], [(rows * n,)], []),
+        ("relu_backward", [g.reshape(-1), relu_out], [(rows * n,)], []),
+        ("column_sums", [x], [(n,)], []),
+        ("im2col", [img], [(5 * 7 * 6, 81)], list(im2col_args)),
+        ("col2im", [_values(rng, (5 * 7 * 6, 81))], [(5, 7, 6, 9)], list(col2im_args)),
+        ("max_pool_forward", [img], [(5, 3, 3, 9)], [2, 2, 2, 2]),
+        ("max_pool_backward", [img, pooled, _values(rng, (5, 3, 3, 9))], [(5, 7, 6, 9)], [2, 2, 2, 2]),
+        ("softmax_shift", [x[:36], None], [(36, n)], []),
+        ("softmax_shift", [x[:36], mask], [(36, n)], []),
+        ("softmax_shift", [x[:6], mask], [(6, n)], []),  # fewer rows than two mask periods: whole
+        ("softmax_scale", [soft.copy()], [], []),
+        ("softmax_backward", [g, soft], [(rows, n)], []),
+        ("layer_norm_forward", [x, w, b, True, np.float32(1e-5)], [(rows, n), (rows,), (rows,)], []),
+        ("gelu_forward", [x.reshape(-1)], [(rows * n,), (rows * n,)], []),
+        ("gelu_backward", [g.reshape(-1), x.reshape(-1), soft.reshape(-1)], [(rows * n,)], []),
+    ]
+
+
+def _call(fn, inputs, out_shapes, extra, fill):
+    ins = [a.copy() if isinstance(a, np.ndarray) else a for a in inputs]
+    outs = [np.full(s, fill, np.float32) for s in out_shapes]
+    if fn.__name__ == "col2im":  # (gcols, gx, ...): the output comes second
+        fn(ins[0], outs[0], *extra)
+    elif fn.__name__ == "max_pool_backward":  # (x, out, g, gx, ...)
+        fn(*ins, *outs, *extra)
+    elif fn.__name__ == "softmax_shift":  # (x, blocked, out)
+        fn(*ins, *outs)
+    elif fn.__name__ == "layer_norm_forward":  # (x, w, b, affine, eps, y, mean, rstd)
+        fn(*ins, *outs)
+    else:
+        fn(*ins, *outs, *extra)
+    return [a for a in ins if isinstance(a, np.ndarray)] + outs
+
+
+def test_every_split_kernel_has_the_bits_of_the_whole_kernel(forced):
+    rng = np.random.default_rng(0)
+    seen = set()
+    for name, inputs, out_shapes, extra in _cases(rng):
+        split = kernel_table.get(name)
+        assert split is not None and hasattr(split, "whole"), name
+        for fill in (np.nan, 7.0):  # every value written: whatever was there before is gone
+            before = len(forced)
+            got = _call(split, inputs, out_shapes, extra, fill)
+            want = _call(split.whole, inputs, out_shapes, extra, fill)
+            for a, b in zip(got, want, strict=True):
+                assert a.shape == b.shape and _same_bits(a, b), (name, fill)
+            if name != "softmax_shift" or inputs[0].shape[0] == 36:
+                assert len(forced) == before + 1, name  # it really ran as two halves
+            else:
+                assert len(forced) == before, name
+        seen.add(name)
+    assert seen == {n for n, fn in kernel_table._table.items() if hasattr(fn, "whole")}  # none left untested
+
+
+def test_nothing_is_split_where_the_pair_does_not_own_the_second_core(forced, monkeypatch):
+    x = np.random.default_rng(1).standard_normal(4096).astype(np.float32)
+    relu = kernel_table.get("relu_forward")
+    monkeypatch.setattr(pair, "owns_second_core", lambda: False)
+    relu(x, np.empty_like(x))
+    assert forced == []
+    monkeypatch.setattr(pair, "owns_second_core", lambda: True)
+    monkeypatch.setattr(halves, "MIN_VALUES", 4097)  # smaller than that: whole
+    relu(x, np.empty_like(x))
+    assert forced == []
+    monkeypatch.setattr(halves, "MIN_VALUES", 4096)
+    relu(x, np.empty_like(x))
+    assert forced == [1]
+
+
+@pytest.mark.parametrize(
+    ("threads", "busy", "owns"), [(2, False, True), (1, False, False), (4, False, False), (2, True, False)]
+)
+def test_the_pair_owns_the_second_core_only_on_two_blas_threads_when_not_busy(monkeypatch, threads, busy, owns):
+    monkeypatch.setattr(pair, "blas_threads", lambda: threads)
+    monkeypatch.setattr(_blas, "machine_busy", lambda: busy)
+    monkeypatch.setattr(_blas, "openblas_spinning", lambda: False)
+    assert pair.owns_second_core() is owns
+    monkeypatch.setattr(_blas, "openblas_spinning", lambda: True)  # a product just woke OpenBLAS's worker
+    assert not pair.owns_second_core()
+
+
+def _cnn_step(seed):
+    rng = np.random.default_rng(seed)
+    eo.manual_seed(seed)
+    model = eo.Sequential(
+        eo.Conv2D(1, 8, 3, padding="same"),
+        eo.ReLU(),
+        eo.MaxPool2D(2),
+        eo.Conv2D(8, 16, 3, padding="same"),
+        eo.ReLU(),
+        eo.Flatten(),
+        eo.Linear(7 * 7 * 16, 10),
+    )
+    x = eo.tensor(rng.standard_normal((6, 14, 14, 1)).astype(np.float32))
+    loss = eo.cross_entropy(model(x), rng.integers(0, 10, 6))
+    loss.backward()
+    return [loss.data] + [p.grad for p in model.parameters()]
+
+
+def _block_step(seed):
+    rng = np.random.default_rng(seed)
+    eo.manual_seed(seed)
+    block = eo.TransformerEncoderLayer(32, 4, dim_feedforward=64, dropout=0.0, activation="gelu", norm_first=True)
+    x = eo.tensor(rng.standard_normal((3, 10, 32)).astype(np.float32))
+    loss = eo.sum(block(x, is_causal=True) ** 2)
+    loss.backward()
+    return [loss.data] + [p.grad for p in block.parameters()]
+
+
+@pytest.mark.parametrize("step", [_cnn_step, _block_step])
+def test_training_steps_with_the_halves_match_the_steps_without(forced, monkeypatch, step):
+    for module in ("functional", "conv", "activations", "normalization_ops"):  # core hands small arrays to the kernels
+        monkeypatch.setattr(f"everyo.{module}._KERNEL_MIN_SIZE", 16)
+    names = ["im2col", "col2im", "max_pool_forward", "relu_forward", "softmax_shift", "layer_norm_forward"]
+    calls = count_calls(monkeypatch, [n for n in names if kernel_table.get(n) is not None])
+    split = step(3)
+    assert forced, "nothing ran as two halves"
+    monkeypatch.setattr(pair, "owns_second_core", lambda: False)
+    jobs = len(forced)
+    whole = step(3)
+    assert len(forced) == jobs
+    for a, b in zip(split, whole, strict=True):
+        assert _same_bits(np.asarray(a), np.asarray(b))
+    assert any(calls.values())
