@@ -18,7 +18,8 @@ EXPECTED = {
     # need NumPy's own gemm and tanh loop (everyo.kernels._native), found with NumPy's wheels
     "lstm_forward_scan",
     "lstm_backward_scan",
-    "split_matmul",  # used only while the scans' pair of threads is awake
+    "split_matmul",  # large 2-D products on the pair (everyo.kernels.pair)
+    "split_batched",  # stacks of small products (attention), on the pair
     "add_bias",
     "relu_forward",
     "relu_backward",

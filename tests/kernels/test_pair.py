@@ -376,3 +376,57 @@ def test_the_worker_keeps_no_array_of_a_finished_job():
     del big
     gc.collect()
     assert gone() is None
+
+
+@pytest.mark.parametrize(
+    ("x_shape", "y_shape", "transpose_y"),
+    [
+        ((32, 4, 64, 32), (32, 4, 32, 64), False),  # attention's scores, q @ k.T (k.T a view below)
+        ((31, 4, 64, 64), (31, 4, 64, 32), False),  # weights @ v, an odd stack: halves of 15 and 16
+        ((48, 50, 40), (48, 40, 50), True),  # 3-D, a transposed (F-ordered items) operand
+    ],
+)
+def test_stacked_products_in_halves_have_the_bits_of_matmul(split_on, monkeypatch, x_shape, y_shape, transpose_y):
+    monkeypatch.setattr(pair, "owns_second_core", lambda: True)
+    monkeypatch.setattr(_blas, "SMALL_MNK", 1 << 18)
+    rng = np.random.default_rng(sum(x_shape))
+    x = rng.standard_normal(x_shape).astype(np.float32)
+    y = rng.standard_normal(y_shape).astype(np.float32)
+    if transpose_y:
+        y = np.swapaxes(rng.standard_normal(y_shape[:-2] + y_shape[-1:] + y_shape[-2:-1]).astype(np.float32), -1, -2)
+    want = np.matmul(x, y)
+    halves = []
+    run = pair.run
+    monkeypatch.setattr(pair, "run", lambda mine, theirs: halves.append(1) or run(mine, theirs))
+    for _ in range(2):  # the first call checks (on these operands), the second only splits
+        out = np.full(want.shape, np.nan, np.float32)
+        assert pair.split_batched(x, y, out)
+        assert np.array_equal(out.view(np.uint8), want.view(np.uint8))
+    assert halves == [1, 1] and list(pair._agree.values()) == [True]
+    via_core = _blas.matmul(x, y, np.empty_like(want))  # core offers such a stack
+    assert np.array_equal(via_core.view(np.uint8), want.view(np.uint8)) and halves == [1, 1, 1]
+
+
+def test_no_stacked_split_unless_every_condition_holds(split_on, monkeypatch):
+    monkeypatch.setattr(_blas, "SMALL_MNK", 1 << 19)
+    monkeypatch.setattr(pair, "owns_second_core", lambda: True)
+    rng = np.random.default_rng(8)
+    x = rng.standard_normal((32, 64, 32)).astype(np.float32)
+    y = rng.standard_normal((32, 32, 64)).astype(np.float32)
+    out = np.empty((32, 64, 64), np.float32)
+    cases = [
+        (x[:1], y[:1], out[:1]),  # a stack of one
+        (x[0], y[0], out[0]),  # 2-D: split_matmul's
+        (x, y[:1], out),  # broadcast over the stack
+        (x, y.astype(np.float64), out),  # mixed dtypes
+        (x[:2], y[:2], out[:2]),  # too little work
+        (np.ones((8, 128, 64), np.float32), np.ones((8, 64, 64), np.float32), np.empty((8, 128, 64), np.float32)),
+        (x, y, np.empty((64, 64, 32), np.float32).transpose(2, 0, 1)),  # out not C-contiguous
+    ]
+    monkeypatch.setattr(_blas, "OPENBLAS_SINGLE", 128 * 64 * 64)  # case 5: each product "OpenBLAS's own"
+    for a, b, o in cases:
+        assert not pair.split_batched(a, b, o), (a.shape, b.shape, a.dtype)
+    monkeypatch.setattr(pair, "owns_second_core", lambda: False)
+    assert not pair.split_batched(x, y, out)
+    monkeypatch.setattr(pair, "owns_second_core", lambda: True)
+    assert pair.split_batched(x, y, out) and pair._agree

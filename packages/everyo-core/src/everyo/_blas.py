@@ -419,7 +419,10 @@ def matmul(x: np.ndarray, y: np.ndarray, out: np.ndarray | None = None) -> np.nd
     """``np.matmul(x, y, out=out)``, on one BLAS thread when each product is small
     (``OPENBLAS_SINGLE <= m * n * k < SMALL_MNK``; below that OpenBLAS uses one anyway),
     or when :func:`machine_busy` and one thread gives this shape the same bits
-    (:func:`_alone_same`)."""
+    (:func:`_alone_same`). With everyo-kernels a large 2-D product may be made as two
+    halves on its pair of threads (``split_matmul``), and so may a large stack of small
+    products into an ``out`` array (``split_batched``), only where the halves give the
+    same bits."""
     if x.ndim >= 2 and y.ndim >= 2:
         mnk = x.shape[-2] * x.shape[-1] * y.shape[-1]
         if mnk >= OPENBLAS_SINGLE:
@@ -439,6 +442,12 @@ def matmul(x: np.ndarray, y: np.ndarray, out: np.ndarray | None = None) -> np.nd
                 finally:
                     _woke()
                     _leave()
+        elif x.ndim >= 3 and out is not None and out.size * x.shape[-1] >= SMALL_MNK:
+            # a stack of products OpenBLAS makes on one thread each (attention's per-head
+            # products): everyo-kernels may make its two halves on its pair of threads
+            split = kernel_table.get("split_batched")
+            if split is not None and split(x, y, out):
+                return out
     return np.matmul(x, y, out=out)
 
 

@@ -29,7 +29,7 @@ from everyo.kernels.float16 import half_codes, half_to_float, round_to_half
 from everyo.kernels.gelu import gelu_backward, gelu_forward
 from everyo.kernels.halves import by_columns, by_images, by_leading_axis, softmax_shift_rows
 from everyo.kernels.optim import adam_update
-from everyo.kernels.pair import split_matmul
+from everyo.kernels.pair import split_batched, split_matmul
 from everyo.kernels.pool import max_pool_backward, max_pool_forward
 from everyo.kernels.recurrent import (
     lstm_backward_scan,
@@ -90,6 +90,7 @@ if _NATIVE:  # they call NumPy's own BLAS and tanh loop (everyo.kernels._native)
     TABLE |= {"lstm_forward_scan": lstm_forward_scan, "lstm_backward_scan": lstm_backward_scan}
     # the scans' two threads (everyo.kernels.pair) wake it: it splits only while they are awake
     TABLE["split_matmul"] = split_matmul
+    TABLE["split_batched"] = split_batched
 
 
 def describe() -> str:

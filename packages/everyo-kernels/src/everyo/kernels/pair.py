@@ -60,7 +60,7 @@ from everyo.kernels._native import blas_threads
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-__all__ = ["SPIN_S", "SETTLE_S", "MIN_ROWS", "awake", "owns_second_core", "run", "split_matmul"]
+__all__ = ["SPIN_S", "SETTLE_S", "MIN_ROWS", "awake", "owns_second_core", "run", "split_matmul", "split_batched"]
 
 SPIN_S = 0.005  # how long the worker stays awake after a job
 # How long OpenBLAS's workers spin after a product they split (2^28 cycles by default;
@@ -68,10 +68,11 @@ SPIN_S = 0.005  # how long the worker stays awake after a job
 SETTLE_S = 0.2
 MIN_ROWS = 8  # rows of each part of a split product
 # Products (dtype, shape, layout, BLAS threads) checked per process; later new ones are not
-# split. Each check costs the product twice and up to SETTLE_S of sleep: at most 16 of
-# them (a CNN step has eight large ones, an LSTM layer three; as many more for a last,
-# smaller batch); a loop whose shapes keep changing runs its later shapes as core does.
-MAX_SHAPES = 16
+# split. Each check costs the product twice (and grants one wait of up to SETTLE_S: _settle):
+# at most 32 of them (a CNN step has eight large ones, a GPT step fifteen and six stacked
+# ones; as many more for a last, smaller batch); a loop whose shapes keep changing runs its
+# later shapes as core does.
+MAX_SHAPES = 32
 
 _IDLE, _POSTED, _DONE = 0, 1, 2
 
@@ -374,4 +375,45 @@ def split_matmul(x: np.ndarray, y: np.ndarray, out: np.ndarray) -> bool:
     (x0, y0, out0), (x1, y1, out1) = _halves(x, y, out)
     with _blas.single_thread():
         run(lambda: np.matmul(x0, y0, out=out0), lambda: np.matmul(x1, y1, out=out1))
+    return True
+
+
+def split_batched(x: np.ndarray, y: np.ndarray, out: np.ndarray) -> bool:
+    """``np.matmul(x, y, out=out)`` for stacks of matrices (attention's per-head products)
+    as two halves of the first stacked axis on the pair, and True; or False (nothing done).
+
+    Only where every product of the stack is one OpenBLAS makes on one thread anyway
+    (``m * k * n`` below ``_blas.OPENBLAS_SINGLE``): NumPy then makes the same call on
+    the same matrix for each item in either half, so the halves have the whole stack's
+    bits. That is checked once per (dtype, shapes, strides), on the call's own operands:
+    the first call makes the whole stack into ``out`` and its halves into a scratch array
+    and compares them (True: ``out`` holds the whole product). Also only where the pair
+    owns the second core (:func:`owns_second_core`), the stacks have the same leading
+    shape (no broadcasting) of at least two, float32/float64 of one dtype, ``out`` is
+    C-contiguous, and the stack holds ``_blas.SMALL_MNK`` multiply-adds or more."""
+    if x.ndim < 3 or y.ndim != x.ndim or out.ndim != x.ndim:
+        return False
+    lead = x.shape[:-2]
+    if y.shape[:-2] != lead or out.shape[:-2] != lead or lead[0] < 2:
+        return False
+    dt = x.dtype
+    if dt != y.dtype or dt != out.dtype or dt not in (np.dtype(np.float32), np.dtype(np.float64)):
+        return False
+    k = x.shape[-1]
+    if x.shape[-2] * k * y.shape[-1] >= _blas.OPENBLAS_SINGLE or out.size * k < _blas.SMALL_MNK:
+        return False
+    if not out.flags.c_contiguous or not owns_second_core():
+        return False
+    key = ("stack", dt.name, x.shape, y.shape, x.strides, y.strides)
+    known = _agree.get(key)
+    if known is False or (known is None and len(_agree) >= MAX_SHAPES):
+        return False
+    h = lead[0] // 2
+    if known is None:
+        np.matmul(x, y, out=out)
+        parts = np.empty_like(out)
+        run(lambda: np.matmul(x[:h], y[:h], out=parts[:h]), lambda: np.matmul(x[h:], y[h:], out=parts[h:]))
+        _agree[key] = bool(np.array_equal(out.view(np.uint8), parts.view(np.uint8)))
+        return True
+    run(lambda: np.matmul(x[:h], y[:h], out=out[:h]), lambda: np.matmul(x[h:], y[h:], out=out[h:]))
     return True
