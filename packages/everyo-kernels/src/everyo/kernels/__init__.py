@@ -88,7 +88,7 @@ TABLE: dict[str, Callable[..., Any]] = {
 }
 if _NATIVE:  # they call NumPy's own BLAS and tanh loop (everyo.kernels._native): only where those were found
     TABLE |= {"lstm_forward_scan": lstm_forward_scan, "lstm_backward_scan": lstm_backward_scan}
-    # the scans' two threads (everyo.kernels.pair) wake it: it splits only while they are awake
+    # products on the pair (everyo.kernels.pair): where it owns the second core, or right after a scan
     TABLE["split_matmul"] = split_matmul
     TABLE["split_batched"] = split_batched
 

@@ -1,4 +1,4 @@
-"""A second thread kept awake between the jobs of a step (the LSTM on two cores).
+"""A second thread kept awake between the jobs of a step (the LSTM's scans; on two BLAS threads, the whole step).
 
 An LSTM training step is a chain of work too small for OpenBLAS's own
 threads: 100 recurrent (32, 128) @ (128, 128 x 4) products and their gate
