@@ -67,7 +67,6 @@ def _cases(rng):
         ("add_bias", [x.copy(), b], [], []),  # in place: the first input is the output
         ("relu_forward", [x.reshape(-1)], [(rows * n,)], []),
         ("relu_backward", [g.reshape(-1), relu_out], [(rows * n,)], []),
-        ("column_sums", [x], [(n,)], []),
         ("im2col", [img], [(5 * 7 * 6, 81)], list(im2col_args)),
         ("col2im", [_values(rng, (5 * 7 * 6, 81))], [(5, 7, 6, 9)], list(col2im_args)),
         ("max_pool_forward", [img], [(5, 3, 3, 9)], [2, 2, 2, 2]),

@@ -15,8 +15,11 @@ Every split is **bit-identical** to the whole kernel: each output value is
 computed by the same code from the same inputs in either half. The halves are
 whole images (im2col, col2im, pooling), whole rows (the bias add, softmax,
 LayerNorm's forward: a row's sums stay in one half; a softmax's rows are cut
-where its repeated mask starts again), whole columns (``column_sums``: each
-column's adds stay in order), or plain element ranges (ReLU, GELU).
+where its repeated mask starts again), or plain element ranges (ReLU, GELU).
+Not split: ``column_sums`` (a bias's gradient; its halves by columns are
+strided arrays, whose compiled loop was 2-5x slower than the whole kernel,
+measured) and ``layer_norm_backward`` (its parameter gradients sum over all
+rows in order).
 
 Nothing is split where :func:`everyo.kernels.pair.owns_second_core` is False:
 a BLAS with one thread or more than two, or a busy machine (then one thread
@@ -32,7 +35,7 @@ from everyo.kernels import pair
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-__all__ = ["MIN_VALUES", "by_leading_axis", "by_images", "by_columns", "softmax_shift_rows"]
+__all__ = ["MIN_VALUES", "by_leading_axis", "by_images", "softmax_shift_rows"]
 
 # Below this many values a half's work (~0.1 ms of float32 ReLU at this size on the
 # development machine) is too close to the handshake's cost to be worth it.
@@ -80,23 +83,6 @@ def by_images(kernel: Callable[..., Any], image: int, columns: int, geometry: sl
         lo[image], hi[image] = images[:h], images[h:]
         lo[columns], hi[columns] = cols[:r], cols[r:]
         pair.run(lambda: kernel(*lo), lambda: kernel(*hi))
-        return None
-
-    split.__name__ = split.__qualname__ = getattr(kernel, "__name__", "kernel")
-    split.__doc__ = getattr(kernel, "__doc__", None)
-    split.whole = kernel  # type: ignore[attr-defined]
-    return split
-
-
-def by_columns(kernel: Callable[..., Any]) -> Callable[..., Any]:
-    """``column_sums(a, out)`` with ``a``'s columns (and ``out``) in two halves."""
-
-    def split(a: Any, out: Any) -> Any:
-        n = a.shape[1]
-        if n < 2 or not _split(a.size):
-            return kernel(a, out)
-        h = n // 2
-        pair.run(lambda: kernel(a[:, :h], out[:h]), lambda: kernel(a[:, h:], out[h:]))
         return None
 
     split.__name__ = split.__qualname__ = getattr(kernel, "__name__", "kernel")
