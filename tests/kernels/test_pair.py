@@ -278,11 +278,12 @@ def test_a_spinning_openblas_worker_is_waited_for_once_per_checked_shape(split_o
     assert pair.split_matmul(x, y, out) and pair.owns_second_core()
 
 
-def test_core_notes_its_products_on_openblas_threads():
+def test_core_notes_its_products_on_openblas_threads(monkeypatch):
     threadpoolctl = pytest.importorskip("threadpoolctl")
+    monkeypatch.setattr(_blas, "machine_busy", lambda: False)  # busy, the product would take one thread
+    monkeypatch.setattr(_blas, "_spin_until", 0.0)
     x = np.ones((512, 512), np.float32)
     with threadpoolctl.threadpool_limits(2):
-        _blas._spin_until = 0.0
         assert not _blas.openblas_spinning()
         _blas.matmul(np.stack([x, x]), np.stack([x, x]))  # batched, each product large: on OpenBLAS's threads
         assert _blas.openblas_spinning()
