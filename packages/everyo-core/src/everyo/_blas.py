@@ -79,7 +79,6 @@ __all__ = [
     "matmul_as_is",
 ]
 
-_SPLIT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))  # the dtypes split_matmul takes
 SMALL_MNK = 1 << 23  # about 0.2 ms of single-thread float32 work on the development machine
 # OpenBLAS's own rule (interface/gemm.c: 65536 * GEMM_MULTITHREAD_THRESHOLD 4): at or below it,
 # one thread already, so no call is needed.
@@ -281,7 +280,7 @@ def _split_product(x: np.ndarray, y: np.ndarray, out: np.ndarray | None) -> tupl
     if split is None:
         return False, out
     if out is None:
-        if x.dtype != y.dtype or x.dtype not in _SPLIT_DTYPES:
+        if x.dtype != y.dtype or x.dtype not in kernel_table.FLOAT_DTYPES:
             return False, None
         out = np.empty((x.shape[0], y.shape[1]), x.dtype)
     return bool(split(x, y, out)), out

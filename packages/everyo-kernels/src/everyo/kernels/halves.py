@@ -46,6 +46,14 @@ def _split(size: int) -> bool:
     return size >= MIN_VALUES and pair.owns_second_core()
 
 
+def _wrapping(split: Callable[..., Any], kernel: Callable[..., Any]) -> Callable[..., Any]:
+    """``split`` under ``kernel``'s name and doc, with the kernel itself as ``.whole``."""
+    split.__name__ = split.__qualname__ = getattr(kernel, "__name__", "kernel")
+    split.__doc__ = getattr(kernel, "__doc__", None)
+    split.whole = kernel  # type: ignore[attr-defined]
+    return split
+
+
 def by_leading_axis(kernel: Callable[..., Any], cut: tuple[int, ...]) -> Callable[..., Any]:
     """``kernel`` with its positional arguments at ``cut`` split in two along their
     first axis (at half the first argument's length), the halves on the pair."""
@@ -61,10 +69,7 @@ def by_leading_axis(kernel: Callable[..., Any], cut: tuple[int, ...]) -> Callabl
         pair.run(lambda: kernel(*lo), lambda: kernel(*hi))
         return None
 
-    split.__name__ = split.__qualname__ = getattr(kernel, "__name__", "kernel")
-    split.__doc__ = getattr(kernel, "__doc__", None)
-    split.whole = kernel  # type: ignore[attr-defined]
-    return split
+    return _wrapping(split, kernel)
 
 
 def by_images(kernel: Callable[..., Any], image: int, columns: int, geometry: slice) -> Callable[..., Any]:
@@ -85,10 +90,7 @@ def by_images(kernel: Callable[..., Any], image: int, columns: int, geometry: sl
         pair.run(lambda: kernel(*lo), lambda: kernel(*hi))
         return None
 
-    split.__name__ = split.__qualname__ = getattr(kernel, "__name__", "kernel")
-    split.__doc__ = getattr(kernel, "__doc__", None)
-    split.whole = kernel  # type: ignore[attr-defined]
-    return split
+    return _wrapping(split, kernel)
 
 
 def softmax_shift_rows(kernel: Callable[..., Any]) -> Callable[..., Any]:
@@ -103,7 +105,4 @@ def softmax_shift_rows(kernel: Callable[..., Any]) -> Callable[..., Any]:
         pair.run(lambda: kernel(x[:h], blocked, out[:h]), lambda: kernel(x[h:], blocked, out[h:]))
         return None
 
-    split.__name__ = split.__qualname__ = getattr(kernel, "__name__", "kernel")
-    split.__doc__ = getattr(kernel, "__doc__", None)
-    split.whole = kernel  # type: ignore[attr-defined]
-    return split
+    return _wrapping(split, kernel)

@@ -53,7 +53,7 @@ from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
 
-from everyo import _blas
+from everyo import _blas, kernel_table
 from everyo.kernels._jit import kernel
 from everyo.kernels._native import blas_threads
 
@@ -360,7 +360,7 @@ def split_matmul(x: np.ndarray, y: np.ndarray, out: np.ndarray) -> bool:
     dt = x.dtype
     if m * k * n < _blas.SMALL_MNK or max(m, n) < 2 * MIN_ROWS or dt != y.dtype or dt != out.dtype:
         return False
-    if dt not in (np.dtype(np.float32), np.dtype(np.float64)) or not out.flags.c_contiguous:
+    if dt not in kernel_table.FLOAT_DTYPES or not out.flags.c_contiguous:
         return False
     x_layout, y_layout = _layout(x), _layout(y)
     threads = blas_threads()
@@ -397,7 +397,7 @@ def split_batched(x: np.ndarray, y: np.ndarray, out: np.ndarray) -> bool:
     if y.shape[:-2] != lead or out.shape[:-2] != lead or lead[0] < 2:
         return False
     dt = x.dtype
-    if dt != y.dtype or dt != out.dtype or dt not in (np.dtype(np.float32), np.dtype(np.float64)):
+    if dt != y.dtype or dt != out.dtype or dt not in kernel_table.FLOAT_DTYPES:
         return False
     k = x.shape[-1]
     if x.shape[-2] * k * y.shape[-1] >= _blas.OPENBLAS_SINGLE or out.size * k < _blas.SMALL_MNK:
