@@ -56,6 +56,47 @@ def test_the_check_catches_a_pool_that_ignores_references(monkeypatch):
     _buffers.clear()
 
 
+def test_the_check_catches_a_pool_that_ignores_views(monkeypatch):
+    # A view of a pooled float array refers to the byte array the pooled array views, not
+    # to the pooled array: a pool that counted only the pooled array's references would
+    # hand it out again while the view still reads it.
+    _buffers.clear()
+    monkeypatch.setattr(_buffers, "_BASE_UNREFERENCED", _buffers._BASE_UNREFERENCED + 1)
+    assert not held_result_survives(HOLDERS["view"])
+    monkeypatch.undo()
+    _buffers.clear()
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+def test_pooled_float_arrays_start_on_a_page_boundary(dtype):
+    # 4K aliasing (see the module doc): arrays malloc placed one after the other started
+    # 16 bytes apart modulo 4 KiB. Every pooled float array, fresh or recycled, of any
+    # size above MIN_BYTES, now starts at the same offset: 0 modulo PAGE.
+    _buffers.clear()
+    held = []
+    for rows in (64, 257, 1000, 64):
+        a = _buffers.empty((rows, 1031), dtype)
+        assert a.flags.c_contiguous and a.dtype == dtype and a.shape == (rows, 1031)
+        assert a.__array_interface__["data"][0] % _buffers.PAGE == 0
+        assert a.base.nbytes <= a.nbytes + _buffers.PAGE
+        held.append(a)
+    again = _buffers.empty((64, 1031), dtype)  # nothing free of this shape: a new one
+    assert again.__array_interface__["data"][0] % _buffers.PAGE == 0
+    del held, again
+    recycled = _buffers.empty((64, 1031), dtype)
+    assert recycled.__array_interface__["data"][0] % _buffers.PAGE == 0
+    assert _buffers.stats()["free_bytes"] > 0  # the other (64, 1031) one is free again
+
+
+def test_non_float_arrays_are_pooled_as_numpy_makes_them():
+    _buffers.clear()
+    a = _buffers.empty((512, 512), np.int32)
+    assert a.base is None and a.dtype == np.int32
+    del a
+    b = _buffers.empty((512, 512), np.int32)
+    assert b.base is None and _buffers.stats()["arrays"] == 1
+
+
 def test_a_free_buffer_is_reused():
     a, b = _big(2), _big(3)
     first = (a * b).data
@@ -127,10 +168,13 @@ def test_unused_arrays_are_bounded(monkeypatch):
     assert held.sum() == 2 * held.size
 
 
+def _owner(array):
+    return array if array.base is None else array.base
+
+
 def _pooled(array):
     """Whether ``array`` (or the array it views) is one of the calling thread's pooled buffers."""
-    base = array if array.base is None else array.base
-    return any(base is kept for arrays in _buffers._pool().arrays.values() for kept in arrays)
+    return any(_owner(array) is _owner(kept) for arrays in _buffers._pool().arrays.values() for kept in arrays)
 
 
 def _leaf(seed, shape=BIG):
