@@ -34,6 +34,7 @@ FLOORS = (
     "errors",
     "_typing",
     "kernel_table",
+    "_passes",
     "_buffers",
     "random",
     "axes",

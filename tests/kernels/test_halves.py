@@ -13,7 +13,7 @@ import pytest
 from conftest import count_calls
 
 import everyo as eo
-from everyo import _blas, kernel_table
+from everyo import _blas, _passes, kernel_table
 from everyo.kernels import halves, pair
 
 SPECIALS = [0.0, -0.0, np.nan, np.inf, -np.inf, 1e-45, -3e38]
@@ -177,9 +177,12 @@ def _block_step(seed):
 def test_training_steps_with_the_halves_match_the_steps_without(forced, monkeypatch, step):
     for module in ("functional", "conv", "activations", "normalization_ops"):  # core hands small arrays to the kernels
         monkeypatch.setattr(f"everyo.{module}._KERNEL_MIN_SIZE", 16)
+    monkeypatch.setattr(_passes, "MIN_SIZE", 16)  # and its own NumPy passes
     names = ["im2col", "col2im", "max_pool_forward", "relu_forward", "softmax_shift", "layer_norm_forward"]
-    calls = count_calls(monkeypatch, [n for n in names if kernel_table.get(n) is not None])
+    calls = count_calls(monkeypatch, [n for n in names + ["numpy_halves"] if kernel_table.get(n) is not None])
     split = step(3)
+    if step is _block_step:  # residual adds, gradient sums, exp, the heads' copies and concatenation
+        assert calls["numpy_halves"] >= 10
     assert forced, "nothing ran as two halves"
     monkeypatch.setattr(pair, "owns_second_core", lambda: False)
     jobs = len(forced)
@@ -188,3 +191,72 @@ def test_training_steps_with_the_halves_match_the_steps_without(forced, monkeypa
     for a, b in zip(split, whole, strict=True):
         assert _same_bits(np.asarray(a), np.asarray(b))
     assert any(calls.values())
+
+
+def _concatenate(*pieces, axis, out):
+    np.concatenate(pieces, axis=axis, out=out)
+
+
+def _numpy_cases(rng):
+    """(NumPy pass in fn(*args, out=) form, its arguments, the output's shape and dtype)."""
+    x, y = _values(rng, (37, 29)), _values(rng, (37, 29))
+    heads = _values(rng, (5, 3, 11, 4)).transpose(0, 2, 1, 3)  # strided, as attention's heads are
+    return [
+        (np.add, (x, y), (37, 29), np.float32),
+        (np.add, (x, y[0]), (37, 29), np.float32),  # a row broadcast along the cut axis
+        (np.multiply, (y[:1], x), (37, 29), np.float32),  # a first axis of 1 broadcasts too
+        (np.subtract, (x, np.float32(0.5)), (37, 29), np.float32),
+        (np.multiply, (heads, np.float32(0.125)), (5, 11, 3, 4), np.float32),
+        (np.exp, (x,), (37, 29), np.float32),
+        (_passes.copy, (heads,), (5, 11, 3, 4), np.float32),
+        (_passes.copy, (np.clip(x, -6e4, 6e4).astype(np.float16),), (37, 29), np.float32),  # a cast
+        (_passes.copy, (x,), (37, 29), np.float64),
+        (lambda *p, out: _concatenate(*p, axis=2, out=out), (heads, heads[:, :, :2]), (5, 11, 5, 4), np.float32),
+    ]
+
+
+def test_core_numpy_passes_in_halves_have_the_bits_of_the_whole_pass(forced):
+    halves_pass = kernel_table.get("numpy_halves")
+    for i, (fn, args, shape, dtype) in enumerate(_numpy_cases(np.random.default_rng(2))):
+        for fill in (np.nan, 7.0):  # every value written
+            got, want = np.full(shape, fill, dtype), np.full(shape, fill, dtype)
+            before = len(forced)
+            with np.errstate(all="ignore"):
+                assert halves_pass(fn, args, got) is True, i
+                fn(*args, out=want)
+            assert len(forced) == before + 1, i  # it really ran as two halves
+            assert _same_bits(got, want), i
+
+
+def test_core_numpy_pass_in_place_and_through_core(forced, monkeypatch):
+    monkeypatch.setattr(_passes, "MIN_SIZE", 16)
+    x = _values(np.random.default_rng(3), (9, 40), specials=False)
+    want = np.exp(x)
+    assert _passes.run(np.exp, (x,), x) is x and np.array_equal(x, want)  # softmax's exp(out, out=out)
+    assert forced == [1]
+    with kernel_table.disabled():  # without the kernels: whole, here
+        y = _values(np.random.default_rng(3), (9, 40), specials=False)
+        assert np.array_equal(_passes.run(np.exp, (y,), y), want)
+    assert forced == [1]
+
+
+def test_core_numpy_passes_that_cannot_be_cut_run_whole(forced):
+    halves_pass = kernel_table.get("numpy_halves")
+    x = np.ones((6, 5), np.float32)
+    out = np.zeros((6, 5), np.float32)
+    assert halves_pass(np.add, (x, [1.0] * 5), out) is False  # a list: not cut here
+    assert halves_pass(np.add, (x[:4], x), out) is False  # a first axis that is not out's: NumPy's error, whole
+    assert halves_pass(np.add, (x[0], x[0]), out[0]) is False  # one row in the cut axis: nothing to cut
+    assert forced == [] and not out.any()
+
+
+def test_the_workers_half_keeps_the_callers_errstate(forced):
+    halves_pass = kernel_table.get("numpy_halves")
+    big = np.ones((8, 4), np.float32)
+    big[6:] = 3e38  # an overflow in the worker's half only
+    with np.errstate(over="raise"), pytest.raises(FloatingPointError):
+        halves_pass(np.multiply, (big, big), np.empty_like(big))
+    with np.errstate(over="ignore"):
+        out = np.empty_like(big)
+        assert halves_pass(np.multiply, (big, big), out)
+    assert np.isinf(out[6:]).all() and (out[:6] == 1).all()

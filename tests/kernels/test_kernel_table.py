@@ -20,6 +20,7 @@ EXPECTED = {
     "lstm_backward_scan",
     "split_matmul",  # large 2-D products on the pair (everyo.kernels.pair)
     "split_batched",  # stacks of small products (attention), on the pair
+    "numpy_halves",  # core's own large NumPy passes (everyo._passes), in halves on the pair
     "add_bias",
     "relu_forward",
     "relu_backward",

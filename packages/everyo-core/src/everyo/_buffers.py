@@ -49,6 +49,8 @@ from typing import Any
 
 import numpy as np
 
+from everyo import _passes
+
 __all__ = ["MIN_BYTES", "MAX_FREE_BYTES", "PAGE", "empty", "out_for", "copy_of", "clear", "stats", "suspended"]
 
 # glibc's initial mmap threshold: smaller arrays come from the heap's bins, whose
@@ -182,8 +184,7 @@ def copy_of(a: np.ndarray, dtype: Any = None) -> np.ndarray:
     """``np.array(a, dtype, order="C")`` (a copy, cast unsafely as ``astype`` does)
     into a recycled buffer."""
     out = empty(a.shape, a.dtype if dtype is None else dtype)
-    np.copyto(out, a, casting="unsafe")
-    return out
+    return _passes.run(_passes.copy, (a,), out)
 
 
 @contextlib.contextmanager

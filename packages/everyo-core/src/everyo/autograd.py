@@ -78,7 +78,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import numpy as np
 
-from everyo import _buffers, dispatch
+from everyo import _buffers, _passes, dispatch
 from everyo.casting import convert
 from everyo.errors import EveryOInPlaceError
 
@@ -379,7 +379,7 @@ def _add(a, b):
         if add is not None:
             return add(a, b)
         if a.dtype.kind == "f":  # into a recycled buffer (everyo._buffers): the same sum, no fresh pages
-            return np.add(a, b, out=_buffers.empty(a.shape, a.dtype))
+            return _passes.run(np.add, (a, b), _buffers.empty(a.shape, a.dtype))
     return a + b
 
 

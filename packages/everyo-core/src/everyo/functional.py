@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from everyo import _blas, _buffers, kernel_table
+from everyo import _blas, _buffers, _passes, kernel_table
 from everyo.axes import check_permutation, normalize_axes, normalize_axis
 from everyo.casting import DEFAULT_FLOAT, is_floating, mixed_dtype, scalar_dtype
 from everyo.casting import convert as _convert
@@ -120,7 +120,7 @@ def _ufunc(op, x, y):
     """``op(x, y)``, into a recycled buffer when both are float arrays of one dtype."""
     if type(x) is np.ndarray and type(y) is np.ndarray and x.dtype == y.dtype and x.dtype.kind == "f":
         shape = x.shape if x.shape == y.shape else np.broadcast_shapes(x.shape, y.shape)
-        return op(x, y, out=_buffers.empty(shape, x.dtype))
+        return _passes.run(op, (x, y), _buffers.empty(shape, x.dtype))  # two halves where that applies
     return op(x, y)
 
 
@@ -167,7 +167,7 @@ def _product(g, x):
     # products, no fresh pages each step.
     if type(g) is np.ndarray and type(x) is np.ndarray and g.dtype == x.dtype and g.dtype.kind == "f":
         if g.shape == x.shape:
-            return np.multiply(g, x, out=_buffers.empty(g.shape, g.dtype))
+            return _passes.run(np.multiply, (g, x), _buffers.empty(g.shape, g.dtype))
         # x broadcasting into g (a scale, a per-feature weight): C order, as the fresh product
         # of two C-contiguous arrays is, so its sums over the broadcast axes are the same too.
         if (
@@ -176,7 +176,7 @@ def _product(g, x):
             and x.flags.c_contiguous
             and np.broadcast_shapes(g.shape, x.shape) == g.shape
         ):
-            return np.multiply(g, x, out=_buffers.empty(g.shape, g.dtype))
+            return _passes.run(np.multiply, (g, x), _buffers.empty(g.shape, g.dtype))
     return g * x
 
 
@@ -355,7 +355,7 @@ def linear(x: TensorLike, weight: Tensor, bias: Tensor | None = None, transpose_
         # x1 and the product come from the recycled pool like every other large result
         # (fresh arrays here were a quarter of the encoder's page faults per step).
         x1 = _buffers.empty((x2.shape[0], x2.shape[1] + 1), rt)
-        x1[:, :-1] = x2
+        _passes.run(_passes.copy, (x2,), x1[:, :-1])  # x1[:, :-1] = x2 (in halves where that applies)
         x1[:, -1] = 1
         out = _mm(x1, np.concatenate([w, bias.data[None]], axis=0, dtype=rt))
     else:
@@ -753,7 +753,7 @@ def _softmax_rows(data: np.ndarray, axis: int, blocked: TensorLike | None) -> np
     out = _buffers.empty(data.shape, data.dtype)
     rows = out.reshape(-1, data.shape[-1])
     shift(data.reshape(-1, data.shape[-1]), mask, rows)
-    np.exp(out, out=out)
+    _passes.run(np.exp, (out,), out)
     scale(rows)
     return out
 

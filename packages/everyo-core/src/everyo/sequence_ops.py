@@ -8,11 +8,12 @@ Each is one autograd node with a hand-written backward, gradient-checked in
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from everyo import _buffers, autograd, kernel_table
+from everyo import _buffers, _passes, autograd, kernel_table
 from everyo.axes import normalize_axis
 from everyo.dispatch import primitive
 from everyo.errors import EveryODTypeError, EveryOIndexError, EveryOShapeError
@@ -80,6 +81,10 @@ def _resolve_split(inputs, attrs):
     return attrs
 
 
+def _concatenate(*pieces, axis, out):
+    np.concatenate(pieces, axis=axis, out=out)
+
+
 @primitive("split", kind="shape", resolve=_resolve_split)
 def split(x: Tensor, sections: int | Sequence[int], axis: int = -1) -> list[Tensor]:
     """Split ``x`` along ``axis`` into pieces of the given sizes (or ``sections``
@@ -104,8 +109,12 @@ def split(x: Tensor, sections: int | Sequence[int], axis: int = -1) -> list[Tens
     def backward(grads):
         full = [np.zeros(p.shape, dtype=data.dtype) if g is None else g for g, p in zip(grads, pieces)]
         if data.dtype.kind == "f" and all(g.dtype == data.dtype for g in full):
-            # Into a recycled buffer (everyo._buffers): the same values, no fresh pages each step.
-            return (np.concatenate(full, axis=axis, out=_buffers.empty(data.shape, data.dtype)),)
+            # Into a recycled buffer (everyo._buffers): the same values, no fresh pages each step;
+            # along a later axis, in two halves of the first where that applies (everyo._passes).
+            out = _buffers.empty(data.shape, data.dtype)
+            if axis == 0:
+                return (np.concatenate(full, axis=0, out=out),)
+            return (_passes.run(functools.partial(_concatenate, axis=axis), full, out),)
         return (np.concatenate(full, axis=axis),)
 
     return multi_output(pieces, (x,), backward)

@@ -27,7 +27,7 @@ from everyo.kernels.dense import add_bias, column_sums, outer_product, relu_back
 from everyo.kernels.embedding import embedding_backward
 from everyo.kernels.float16 import half_codes, half_to_float, round_to_half
 from everyo.kernels.gelu import gelu_backward, gelu_forward
-from everyo.kernels.halves import by_images, by_leading_axis, softmax_shift_rows
+from everyo.kernels.halves import by_images, by_leading_axis, numpy_halves, softmax_shift_rows
 from everyo.kernels.optim import adam_update
 from everyo.kernels.pair import split_batched, split_matmul
 from everyo.kernels.pool import max_pool_backward, max_pool_forward
@@ -83,6 +83,7 @@ TABLE: dict[str, Callable[..., Any]] = {
     "layer_norm_backward": layer_norm_backward,
     "gelu_forward": by_leading_axis(gelu_forward, (0, 1, 2)),
     "gelu_backward": by_leading_axis(gelu_backward, (0, 1, 2, 3)),
+    "numpy_halves": numpy_halves,  # core's own large NumPy passes (everyo._passes), in two halves
     "adam_update": adam_update,
     "embedding_backward": embedding_backward,
 }

@@ -16,6 +16,10 @@ computed by the same code from the same inputs in either half. The halves are
 whole images (im2col, col2im, pooling), whole rows (the bias add, softmax,
 LayerNorm's forward: a row's sums stay in one half; a softmax's rows are cut
 where its repeated mask starts again), or plain element ranges (ReLU, GELU).
+Core's own large NumPy passes (a residual add, softmax's ``exp``, a copy of
+attention's heads: ``everyo._passes``) are offered to :func:`numpy_halves`, which
+runs them the same way, in halves of their output's first axis.
+
 Not split: ``column_sums`` (a bias's gradient; its halves by columns are
 strided arrays, whose compiled loop was 2-5x slower than the whole kernel,
 measured) and ``layer_norm_backward`` (its parameter gradients sum over all
@@ -28,14 +32,17 @@ makes the whole pass, as before).
 
 from __future__ import annotations
 
+import contextvars
 from typing import TYPE_CHECKING, Any
+
+import numpy as np
 
 from everyo.kernels import pair
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-__all__ = ["MIN_VALUES", "by_leading_axis", "by_images", "softmax_shift_rows"]
+__all__ = ["MIN_VALUES", "by_leading_axis", "by_images", "softmax_shift_rows", "numpy_halves"]
 
 # Below this many values a half's work (~0.1 ms of float32 ReLU at this size on the
 # development machine) is too close to the handshake's cost to be worth it.
@@ -106,3 +113,34 @@ def softmax_shift_rows(kernel: Callable[..., Any]) -> Callable[..., Any]:
         return None
 
     return _wrapping(split, kernel)
+
+
+def numpy_halves(fn: Callable[..., Any], args: Any, out: np.ndarray) -> bool:
+    """``fn(*args, out=out)`` (one of core's NumPy passes, ``everyo._passes``) in two halves
+    of ``out``'s first axis on the pair; False, with nothing done, where it does not apply.
+
+    ``fn`` computes each value of ``out`` from the values of ``args`` at the same position
+    (core offers only such passes), so each half is ``fn`` on the matching halves of the
+    arguments: an array with ``out``'s rank and first axis is cut with it, one that
+    broadcasts along that axis (a lower rank, a first axis of 1) and a scalar are passed
+    whole to both. The worker's half runs in a copy of the caller's context, so NumPy's
+    ``errstate`` (a context variable) is the caller's there too."""
+    n = out.shape[0] if out.ndim else 0
+    if n < 2 or not _split(out.size):
+        return False
+    h = n // 2
+    lo, hi = [], []
+    for a in args:
+        if isinstance(a, np.ndarray) and a.ndim == out.ndim and a.shape[0] != 1:
+            if a.shape[0] != n:
+                return False  # NumPy will raise its own error, whole
+            lo.append(a[:h])
+            hi.append(a[h:])
+        elif not isinstance(a, np.ndarray) and not np.isscalar(a):
+            return False  # a list or a Tensor: not cut here
+        else:
+            lo.append(a)
+            hi.append(a)
+    context = contextvars.copy_context()
+    pair.run(lambda: fn(*lo, out=out[:h]), lambda: context.run(fn, *hi, out=out[h:]))
+    return True
