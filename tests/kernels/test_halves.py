@@ -63,8 +63,23 @@ def _cases(rng):
     col2im_args = (3, 3, 1, 1, 1, 1, 1, 1, 7, 6, 1, 1)
     mask = np.tril(np.ones((4, n), bool))  # repeated over the rows: 36 rows = 9 repeats
     w, b = _values(rng, n, specials=False), _values(rng, n, specials=False)
+    conv = _values(rng, rows * n)
+    conv[-3:] = [1e5, -7e4, 3e-8]  # past float16's range (the largest in the second half), and a subnormal
+    with np.errstate(over="ignore"):
+        f16 = conv.astype(np.float16)
     return [
-        ("add_bias", [x.copy(), b], [], []),  # in place: the first input is the output
+        ("add_bias", [x.copy(), b], [], []),
+        ("half_codes", [conv.view(np.uint32)], [(rows * n, np.uint16)], []),
+        ("round_to_half", [conv.view(np.uint32)], [(rows * n, np.uint32)], []),
+        ("half_to_float", [f16.view(np.uint16)], [(rows * n, np.uint32)], []),
+        ("bfloat16_codes", [conv.view(np.uint32)], [(rows * n, np.uint16)], []),
+        ("round_to_bfloat16", [conv.view(np.uint32)], [(rows * n, np.uint32)], []),
+        (
+            "bfloat16_to_float",
+            [f16.view(np.uint16)],
+            [(rows * n, np.uint32)],
+            [],
+        ),  # in place: the first input is the output
         ("relu_forward", [x.reshape(-1)], [(rows * n,)], []),
         ("relu_backward", [g.reshape(-1), relu_out], [(rows * n,)], []),
         ("im2col", [img], [(5 * 7 * 6, 81)], list(im2col_args)),
@@ -83,8 +98,14 @@ def _cases(rng):
 
 
 def _call(fn, inputs, out_shapes, extra, fill):
+    """The inputs after the call (copies), the outputs, and what the kernel returned."""
     ins = [a.copy() if isinstance(a, np.ndarray) else a for a in inputs]
-    outs = [np.full(s, fill, np.float32) for s in out_shapes]
+    outs = []
+    for s in out_shapes:  # (shape..., dtype) for an integer output (the 16-bit conversions' codes and bits)
+        shape, dtype = (s[:-1], s[-1]) if isinstance(s[-1], type) else (s, np.float32)
+        out = np.empty(shape, dtype)
+        out.view(np.uint8)[...] = np.full(shape, fill, np.float32).view(np.uint8)[: out.nbytes]
+        outs.append(out)
     if fn.__name__ == "col2im":  # (gcols, gx, ...): the output comes second
         fn(ins[0], outs[0], *extra)
     elif fn.__name__ == "max_pool_backward":  # (x, out, g, gx, ...)
@@ -94,7 +115,8 @@ def _call(fn, inputs, out_shapes, extra, fill):
     elif fn.__name__ == "layer_norm_forward":  # (x, w, b, affine, eps, y, mean, rstd)
         fn(*ins, *outs)
     else:
-        fn(*ins, *outs, *extra)
+        returned = fn(*ins, *outs, *extra)
+        return [a for a in ins if isinstance(a, np.ndarray)] + outs + [np.asarray(returned if returned else 0)]
     return [a for a in ins if isinstance(a, np.ndarray)] + outs
 
 
@@ -173,16 +195,36 @@ def _block_step(seed):
     return [loss.data] + [p.grad for p in block.parameters()]
 
 
-@pytest.mark.parametrize("step", [_cnn_step, _block_step])
+def _autocast_step(dtype):
+    def step(seed):
+        rng = np.random.default_rng(seed)
+        eo.manual_seed(seed)
+        model = eo.Sequential(eo.Linear(16, 64), eo.ReLU(), eo.Linear(64, 64), eo.ReLU(), eo.Linear(64, 1))
+        x = eo.tensor(rng.standard_normal((300, 16)).astype(np.float32))
+        with eo.autocast(dtype=dtype):
+            out = model(x)
+        loss = eo.mse_loss(out.astype("float32"), eo.tensor(rng.standard_normal((300, 1)).astype(np.float32)))
+        loss.backward()
+        return [loss.data] + [p.grad for p in model.parameters()]
+
+    step.__name__ = f"autocast_{dtype}_step"
+    return step
+
+
+@pytest.mark.parametrize("step", [_cnn_step, _block_step, _autocast_step("float16"), _autocast_step("bfloat16")])
 def test_training_steps_with_the_halves_match_the_steps_without(forced, monkeypatch, step):
     for module in ("functional", "conv", "activations", "normalization_ops"):  # core hands small arrays to the kernels
         monkeypatch.setattr(f"everyo.{module}._KERNEL_MIN_SIZE", 16)
     monkeypatch.setattr(_passes, "MIN_SIZE", 16)  # and its own NumPy passes
     names = ["im2col", "col2im", "max_pool_forward", "relu_forward", "softmax_shift", "layer_norm_forward"]
-    calls = count_calls(monkeypatch, [n for n in names + ["numpy_halves"] if kernel_table.get(n) is not None])
+    conversions = ["half_codes", "round_to_half", "half_to_float", "bfloat16_codes", "bfloat16_to_float"]
+    counted = names + ["numpy_halves"] + conversions
+    calls = count_calls(monkeypatch, [n for n in counted if kernel_table.get(n) is not None])
     split = step(3)
     if step is _block_step:  # residual adds, gradient sums, exp, the heads' copies and concatenation
         assert calls["numpy_halves"] >= 10
+    if step.__name__.startswith("autocast"):  # the conversions ran as halves
+        assert sum(calls[n] for n in conversions) >= 6
     assert forced, "nothing ran as two halves"
     monkeypatch.setattr(pair, "owns_second_core", lambda: False)
     jobs = len(forced)

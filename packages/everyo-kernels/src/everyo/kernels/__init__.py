@@ -27,7 +27,7 @@ from everyo.kernels.dense import add_bias, column_sums, outer_product, relu_back
 from everyo.kernels.embedding import embedding_backward
 from everyo.kernels.float16 import half_codes, half_to_float, round_to_half
 from everyo.kernels.gelu import gelu_backward, gelu_forward
-from everyo.kernels.halves import by_images, by_leading_axis, numpy_halves, softmax_shift_rows
+from everyo.kernels.halves import by_elements_top, by_images, by_leading_axis, numpy_halves, softmax_shift_rows
 from everyo.kernels.optim import adam_update
 from everyo.kernels.pair import split_batched, split_matmul
 from everyo.kernels.pool import max_pool_backward, max_pool_forward
@@ -55,12 +55,13 @@ if TYPE_CHECKING:
 __all__ = ["TABLE", "describe", "__version__"]
 
 TABLE: dict[str, Callable[..., Any]] = {
-    "bfloat16_codes": bfloat16_codes,
-    "round_to_bfloat16": round_to_bfloat16,
-    "bfloat16_to_float": bfloat16_to_float,
-    "half_codes": half_codes,
-    "round_to_half": round_to_half,
-    "half_to_float": half_to_float,
+    # autocast's conversions, in two element ranges on the pair where it owns the second core
+    "bfloat16_codes": by_leading_axis(bfloat16_codes, (0, 1)),
+    "round_to_bfloat16": by_leading_axis(round_to_bfloat16, (0, 1)),
+    "bfloat16_to_float": by_leading_axis(bfloat16_to_float, (0, 1)),
+    "half_codes": by_elements_top(half_codes),
+    "round_to_half": by_elements_top(round_to_half),
+    "half_to_float": by_leading_axis(half_to_float, (0, 1)),
     "relu_codes": relu_codes,
     "relu_codes_backward": relu_codes_backward,
     "lstm_gates_in": lstm_gates_in,

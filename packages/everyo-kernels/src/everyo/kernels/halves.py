@@ -15,7 +15,9 @@ Every split is **bit-identical** to the whole kernel: each output value is
 computed by the same code from the same inputs in either half. The halves are
 whole images (im2col, col2im, pooling), whole rows (the bias add, softmax,
 LayerNorm's forward: a row's sums stay in one half; a softmax's rows are cut
-where its repeated mask starts again), or plain element ranges (ReLU, GELU).
+where its repeated mask starts again), or plain element ranges (ReLU, GELU, the
+float16 and bfloat16 conversions of autocast; the float16 ones return the larger
+of their halves' largest magnitudes).
 Core's own large NumPy passes (a residual add, softmax's ``exp``, a copy of
 attention's heads: ``everyo._passes``) are offered to :func:`numpy_halves`, which
 runs them the same way, in halves of their output's first axis.
@@ -42,7 +44,7 @@ from everyo.kernels import pair
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-__all__ = ["MIN_VALUES", "by_leading_axis", "by_images", "softmax_shift_rows", "numpy_halves"]
+__all__ = ["MIN_VALUES", "by_leading_axis", "by_elements_top", "by_images", "softmax_shift_rows", "numpy_halves"]
 
 # Below this many values a half's work (~0.1 ms of float32 ReLU at this size on the
 # development machine) is too close to the handshake's cost to be worth it.
@@ -75,6 +77,30 @@ def by_leading_axis(kernel: Callable[..., Any], cut: tuple[int, ...]) -> Callabl
         hi = [a[h:] if i in cut else a for i, a in enumerate(args)]
         pair.run(lambda: kernel(*lo), lambda: kernel(*hi))
         return None
+
+    return _wrapping(split, kernel)
+
+
+def by_elements_top(kernel: Callable[..., Any]) -> Callable[..., Any]:
+    """A float16 conversion ``kernel(bits, out)`` that returns the largest magnitude's
+    bits (``half_codes``, ``round_to_half``) in two element ranges on the pair; the
+    larger of the two halves' returns."""
+
+    def split(bits: Any, out: Any) -> Any:
+        n = bits.shape[0]
+        if n < 2 or not _split(bits.size):
+            return kernel(bits, out)
+        h = n // 2
+        tops = [0, 0]
+
+        def lo() -> None:
+            tops[0] = kernel(bits[:h], out[:h])
+
+        def hi() -> None:
+            tops[1] = kernel(bits[h:], out[h:])
+
+        pair.run(lo, hi)
+        return max(tops)
 
     return _wrapping(split, kernel)
 
