@@ -8,6 +8,7 @@ a part that must run beside the other waits for an event the other sets."""
 
 import os
 import threading
+import time
 import warnings
 
 import numpy as np
@@ -37,6 +38,42 @@ def test_both_parts_run_at_once_on_two_threads():
         started.clear()
         pair.run(mine, theirs)
         assert seen["met"] and seen["mine"] == threading.get_ident() != seen["theirs"]
+
+
+def test_the_worker_stays_awake_for_spin_s_after_a_job():
+    # Its spin is counted in CPU cycles, converted from SPIN_S at the worker's start. The
+    # first reading of the cycle counter also loaded its compiled code, and timed with it
+    # the rate came out ~100x too low: the worker slept ~50 us after each job instead of
+    # 5 ms, and most of a step's splits woke it from sleep (~15 us each).
+    pair.run(lambda: None, lambda: None)
+    worker = pair._get()
+    t0, c0 = time.perf_counter(), pair._read_cycles()
+    time.sleep(0.02)
+    rate = (pair._read_cycles() - c0) / (time.perf_counter() - t0)
+    assert 0.5 < worker.ticks / (rate * pair.SPIN_S) < 2
+    assert 0.5 < worker.grace / (rate * pair.GRACE_S) < 2
+
+
+def test_a_worker_asleep_is_woken_by_the_next_post(monkeypatch):
+    # A caller signals the worker's event only when the worker has said it sleeps (a spinning
+    # worker sees the post itself); the worker says so before it looks for a post.
+    pair.run(lambda: None, lambda: None)
+    worker = pair._get()
+    sets = []
+
+    class Counted(threading.Event):
+        def set(self):
+            sets.append(1)
+            super().set()
+
+    monkeypatch.setattr(worker, "wake", Counted())
+    guard = time.monotonic() + DEADLOCK_GUARD_S
+    while not worker.sleeping and time.monotonic() < guard:  # its spin (SPIN_S) ends, then it waits
+        time.sleep(0.001)
+    assert worker.sleeping
+    ran = []
+    pair.run(lambda: None, lambda: ran.append(1))
+    assert ran == [1] and sets == [1]
 
 
 def test_run_returns_only_when_the_workers_part_is_done():
