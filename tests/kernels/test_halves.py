@@ -63,6 +63,8 @@ def _cases(rng):
     col2im_args = (3, 3, 1, 1, 1, 1, 1, 1, 7, 6, 1, 1)
     mask = np.tril(np.ones((4, n), bool))  # repeated over the rows: 36 rows = 9 repeats
     w, b = _values(rng, n, specials=False), _values(rng, n, specials=False)
+    with np.errstate(all="ignore"):  # x holds inf and NaN: so do its statistics, as the kernels may meet
+        rstd = 1 / (x.std(1) + 1)
     conv = _values(rng, rows * n)
     conv[-3:] = [1e5, -7e4, 3e-8]  # past float16's range (the largest in the second half), and a subnormal
     with np.errstate(over="ignore"):
@@ -92,6 +94,8 @@ def _cases(rng):
         ("softmax_scale", [soft.copy()], [], []),
         ("softmax_backward", [g, soft], [(rows, n)], []),
         ("layer_norm_forward", [x, w, b, True, np.float32(1e-5)], [(rows, n), (rows,), (rows,)], []),
+        # (x, g, mean, rstd, w, gx, gw, gb): gw and gb accumulate into zeros
+        ("layer_norm_backward", [x, g, x.mean(1), rstd, w], [(rows, n)], []),
         ("gelu_forward", [x.reshape(-1)], [(rows * n,), (rows * n,)], []),
         ("gelu_backward", [g.reshape(-1), x.reshape(-1), soft.reshape(-1)], [(rows * n,)], []),
     ]
@@ -114,6 +118,10 @@ def _call(fn, inputs, out_shapes, extra, fill):
         fn(*ins, *outs)
     elif fn.__name__ == "layer_norm_forward":  # (x, w, b, affine, eps, y, mean, rstd)
         fn(*ins, *outs)
+    elif fn.__name__ == "layer_norm_backward":  # (x, g, mean, rstd, w, gx, gw, gb)
+        sums = [np.zeros(ins[0].shape[1], np.float32) for _ in range(2)]
+        fn(*ins, *outs, *sums)
+        outs += sums
     else:
         returned = fn(*ins, *outs, *extra)
         return [a for a in ins if isinstance(a, np.ndarray)] + outs + [np.asarray(returned if returned else 0)]

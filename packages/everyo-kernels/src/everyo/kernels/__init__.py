@@ -27,7 +27,14 @@ from everyo.kernels.dense import add_bias, column_sums, outer_product, relu_back
 from everyo.kernels.embedding import embedding_backward
 from everyo.kernels.float16 import half_codes, half_to_float, round_to_half
 from everyo.kernels.gelu import gelu_backward, gelu_forward
-from everyo.kernels.halves import by_elements_top, by_images, by_leading_axis, numpy_halves, softmax_shift_rows
+from everyo.kernels.halves import (
+    by_elements_top,
+    by_images,
+    by_leading_axis,
+    layer_norm_backward_parts,
+    numpy_halves,
+    softmax_shift_rows,
+)
 from everyo.kernels.optim import adam_update
 from everyo.kernels.pair import split_batched, split_matmul
 from everyo.kernels.pool import max_pool_backward, max_pool_forward
@@ -41,6 +48,8 @@ from everyo.kernels.recurrent import (
 from everyo.kernels.relu16 import relu_codes, relu_codes_backward
 from everyo.kernels.rows import (
     layer_norm_backward,
+    layer_norm_backward_input,
+    layer_norm_backward_params,
     layer_norm_forward,
     softmax_backward,
     softmax_scale,
@@ -81,7 +90,9 @@ TABLE: dict[str, Callable[..., Any]] = {
     "softmax_scale": by_leading_axis(softmax_scale, (0,)),
     "softmax_backward": by_leading_axis(softmax_backward, (0, 1, 2)),
     "layer_norm_forward": by_leading_axis(layer_norm_forward, (0, 5, 6, 7)),
-    "layer_norm_backward": layer_norm_backward,
+    "layer_norm_backward": layer_norm_backward_parts(
+        layer_norm_backward, layer_norm_backward_input, layer_norm_backward_params
+    ),
     "gelu_forward": by_leading_axis(gelu_forward, (0, 1, 2)),
     "gelu_backward": by_leading_axis(gelu_backward, (0, 1, 2, 3)),
     "numpy_halves": numpy_halves,  # core's own large NumPy passes (everyo._passes), in two halves

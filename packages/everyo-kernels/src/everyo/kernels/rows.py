@@ -50,6 +50,8 @@ __all__ = [
     "softmax_backward",
     "layer_norm_forward",
     "layer_norm_backward",
+    "layer_norm_backward_input",
+    "layer_norm_backward_params",
 ]
 
 
@@ -282,3 +284,40 @@ def layer_norm_backward(x, g, mean, rstd, w, gx, gw, gb):
         m1 = row_sum(gx, i) / count
         for j in range(n):
             gx[i, j] = ((gx[i, j] - m1) - xhat[j] * m2) * r
+
+
+# The two halves of layer_norm_backward's work, for two threads (everyo.kernels.halves):
+# the same arithmetic in the same order, so each output has layer_norm_backward's bits.
+@kernel
+def layer_norm_backward_input(x, g, mean, rstd, w, gx):
+    """The input gradient ``gx`` of :func:`layer_norm_backward` alone."""
+    rows, n = x.shape
+    count = x.dtype.type(n)
+    xhat = np.empty(n, x.dtype)
+    prod = np.empty((1, n), x.dtype)
+    for i in range(rows):
+        mu, r = mean[i], rstd[i]
+        for j in range(n):
+            xh = (x[i, j] - mu) * r
+            gh = g[i, j] * w[j]
+            xhat[j] = xh
+            gx[i, j] = gh
+            prod[0, j] = gh * xh
+        m2 = row_sum(prod, 0) / count
+        m1 = row_sum(gx, i) / count
+        for j in range(n):
+            gx[i, j] = ((gx[i, j] - m1) - xhat[j] * m2) * r
+
+
+@kernel
+def layer_norm_backward_params(x, g, mean, rstd, gw, gb):
+    """The parameter gradients ``gw`` and ``gb`` of :func:`layer_norm_backward` alone
+    (zeros in, accumulated row after row)."""
+    rows, n = x.shape
+    for i in range(rows):
+        mu, r = mean[i], rstd[i]
+        for j in range(n):
+            xh = (x[i, j] - mu) * r
+            gj = g[i, j]
+            gw[j] = gw[j] + gj * xh
+            gb[j] = gb[j] + gj
