@@ -71,6 +71,7 @@ def _cases(rng):
         f16 = conv.astype(np.float16)
     return [
         ("add_bias", [x.copy(), b], [], []),
+        ("outer_product", [x[:, 0].copy(), b], [(rows, n)], []),
         ("half_codes", [conv.view(np.uint32)], [(rows * n, np.uint16)], []),
         ("round_to_half", [conv.view(np.uint32)], [(rows * n, np.uint32)], []),
         ("half_to_float", [f16.view(np.uint16)], [(rows * n, np.uint32)], []),
