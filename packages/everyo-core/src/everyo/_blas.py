@@ -112,7 +112,11 @@ def _find() -> Any:
         return False
     for path in sorted(p for p in paths if p.startswith("/")):
         try:
-            lib = ctypes.CDLL(path)
+            # PyDLL: its calls keep the GIL. A CDLL call lets go of it and takes it back, and
+            # where another thread has taken it meanwhile (everyo-kernels' pair worker starting
+            # its half), this thread sleeps until it is let go again (~10 us); the count is
+            # read and set around every split product.
+            lib = ctypes.PyDLL(path)
         except OSError:
             continue
         # NumPy's wheels bundle scipy-openblas, whose symbols carry a prefix and a suffix.

@@ -60,8 +60,10 @@ def _gemm_addresses() -> dict[str, int]:
         if s is not None and d is not None:
             s_address, d_address = ctypes.cast(s, ctypes.c_void_p).value, ctypes.cast(d, ctypes.c_void_p).value
             if s_address and d_address:
-                count = getattr(lib, f"{prefix}openblas_get_num_threads{suffix}", None)
-                if count is not None:  # this CDLL object is ours alone: its function objects too
+                # through a PyDLL: the call keeps the GIL (a CDLL call lets go of it and takes it
+                # back, and where the pair's worker took it meanwhile, sleeps ~10 us until it is free)
+                count = getattr(ctypes.PyDLL(umath.__file__), f"{prefix}openblas_get_num_threads{suffix}", None)
+                if count is not None:  # this PyDLL object is ours alone: its function objects too
                     count.restype, count.argtypes = ctypes.c_int, []
                     _thread_count = count
                 return {"float32": s_address, "float64": d_address}
