@@ -215,7 +215,8 @@ def numpy_halves(fn: Callable[..., Any], args: Any, out: np.ndarray) -> bool:
     if n < 2 or not _split(out.size):
         return False
     h = n // 2
-    lo, hi = [], []
+    lo: list[Any] = []
+    hi: list[Any] = []
     for a in args:
         if isinstance(a, np.ndarray) and a.ndim == out.ndim and a.shape[0] != 1:
             if a.shape[0] != n:
