@@ -28,12 +28,10 @@ from everyo.kernels.embedding import embedding_backward
 from everyo.kernels.float16 import half_codes, half_to_float, round_to_half
 from everyo.kernels.gelu import gelu_backward, gelu_forward
 from everyo.kernels.halves import (
-    by_elements_top,
     by_images,
     by_leading_axis,
     layer_norm_backward_parts,
     numpy_halves,
-    outer_product_rows,
     softmax_shift_rows,
 )
 from everyo.kernels.optim import adam_update
@@ -69,8 +67,8 @@ TABLE: dict[str, Callable[..., Any]] = {
     "bfloat16_codes": by_leading_axis(bfloat16_codes, (0, 1)),
     "round_to_bfloat16": by_leading_axis(round_to_bfloat16, (0, 1)),
     "bfloat16_to_float": by_leading_axis(bfloat16_to_float, (0, 1)),
-    "half_codes": by_elements_top(half_codes),
-    "round_to_half": by_elements_top(round_to_half),
+    "half_codes": by_leading_axis(half_codes, (0, 1), combine=max),  # each half's largest magnitude
+    "round_to_half": by_leading_axis(round_to_half, (0, 1), combine=max),
     "half_to_float": by_leading_axis(half_to_float, (0, 1)),
     "relu_codes": relu_codes,
     "relu_codes_backward": relu_codes_backward,
@@ -82,7 +80,7 @@ TABLE: dict[str, Callable[..., Any]] = {
     "relu_forward": by_leading_axis(relu_forward, (0, 1)),
     "relu_backward": by_leading_axis(relu_backward, (0, 1, 2)),
     "column_sums": column_sums,  # its halves by columns were slower (everyo.kernels.halves): whole
-    "outer_product": outer_product_rows(outer_product),
+    "outer_product": by_leading_axis(outer_product, (0, 2), size_of=2),  # (a, b, out): rows of a and out
     "im2col": by_images(im2col, image=0, columns=1, geometry=slice(10, 12)),
     "col2im": by_images(col2im, image=1, columns=0, geometry=slice(10, 12)),
     "max_pool_forward": by_leading_axis(max_pool_forward, (0, 1)),

@@ -53,11 +53,9 @@ if TYPE_CHECKING:
 __all__ = [
     "MIN_VALUES",
     "by_leading_axis",
-    "by_elements_top",
     "by_images",
     "softmax_shift_rows",
     "layer_norm_backward_parts",
-    "outer_product_rows",
     "numpy_halves",
 ]
 
@@ -78,44 +76,36 @@ def _wrapping(split: Callable[..., Any], kernel: Callable[..., Any]) -> Callable
     return split
 
 
-def by_leading_axis(kernel: Callable[..., Any], cut: tuple[int, ...]) -> Callable[..., Any]:
+def by_leading_axis(
+    kernel: Callable[..., Any],
+    cut: tuple[int, ...],
+    size_of: int = 0,
+    combine: Callable[[Any, Any], Any] | None = None,
+) -> Callable[..., Any]:
     """``kernel`` with its positional arguments at ``cut`` split in two along their
-    first axis (at half the first argument's length), the halves on the pair."""
+    first axis (at half of argument ``size_of``'s length; its size decides whether to
+    split), the halves on the pair. ``combine``: what the split returns from the two
+    halves' returns (the float16 conversions' largest magnitudes: ``max``); without it,
+    None."""
 
     def split(*args: Any) -> Any:
-        first = args[0]
-        n = first.shape[0]
-        if n < 2 or not _split(first.size):
+        measure = args[size_of]
+        n = measure.shape[0]
+        if n < 2 or not _split(measure.size):
             return kernel(*args)
         h = n // 2
         lo = [a[:h] if i in cut else a for i, a in enumerate(args)]
         hi = [a[h:] if i in cut else a for i, a in enumerate(args)]
-        pair.run(lambda: kernel(*lo), lambda: kernel(*hi))
-        return None
+        got = [None, None]
 
-    return _wrapping(split, kernel)
+        def mine() -> None:
+            got[0] = kernel(*lo)
 
+        def theirs() -> None:
+            got[1] = kernel(*hi)
 
-def by_elements_top(kernel: Callable[..., Any]) -> Callable[..., Any]:
-    """A float16 conversion ``kernel(bits, out)`` that returns the largest magnitude's
-    bits (``half_codes``, ``round_to_half``) in two element ranges on the pair; the
-    larger of the two halves' returns."""
-
-    def split(bits: Any, out: Any) -> Any:
-        n = bits.shape[0]
-        if n < 2 or not _split(bits.size):
-            return kernel(bits, out)
-        h = n // 2
-        tops = [0, 0]
-
-        def lo() -> None:
-            tops[0] = kernel(bits[:h], out[:h])
-
-        def hi() -> None:
-            tops[1] = kernel(bits[h:], out[h:])
-
-        pair.run(lo, hi)
-        return max(tops)
+        pair.run(mine, theirs)
+        return None if combine is None else combine(got[0], got[1])
 
     return _wrapping(split, kernel)
 
@@ -151,21 +141,6 @@ def softmax_shift_rows(kernel: Callable[..., Any]) -> Callable[..., Any]:
         if h == 0 or not _split(x.size):
             return kernel(x, blocked, out)
         pair.run(lambda: kernel(x[:h], blocked, out[:h]), lambda: kernel(x[h:], blocked, out[h:]))
-        return None
-
-    return _wrapping(split, kernel)
-
-
-def outer_product_rows(kernel: Callable[..., Any]) -> Callable[..., Any]:
-    """``outer_product(a, b, out)`` as two halves of ``out``'s rows (and of ``a``), split
-    by the size of ``out``."""
-
-    def split(a: Any, b: Any, out: Any) -> Any:
-        m = out.shape[0]
-        if m < 2 or not _split(out.size):
-            return kernel(a, b, out)
-        h = m // 2
-        pair.run(lambda: kernel(a[:h], b, out[:h]), lambda: kernel(a[h:], b, out[h:]))
         return None
 
     return _wrapping(split, kernel)

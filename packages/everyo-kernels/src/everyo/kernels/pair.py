@@ -138,7 +138,7 @@ def _poll(ctrl, yield_fn, ticks, finished, grace):
             break
     seen = _cycles()
     while _cycles() - seen < grace:
-        pass
+        pass  # the grace: a busy wait, no call (see above)
     return True
 
 
