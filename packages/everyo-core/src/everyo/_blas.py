@@ -69,6 +69,7 @@ from everyo import kernel_table
 
 __all__ = [
     "openblas_spinning",
+    "openblas_wakes",
     "SMALL_MNK",
     "OPENBLAS_SINGLE",
     "machine_busy",
@@ -95,6 +96,7 @@ BUSY_CHECK_S = 0.1
 # `python benchmarks/harness.py --gap` found a core still taken at 0.05 s, none from 0.2 s).
 WIDE_SPIN_S = 0.2
 _spin_until = 0.0  # time.monotonic() until which a product on OpenBLAS's threads may still spin
+_wakes = 0  # products run on OpenBLAS's threads so far (openblas_wakes)
 _CORES = os.cpu_count() or 1
 _busy = False
 _checked = -1.0
@@ -228,8 +230,9 @@ def _leave() -> None:
 
 def _woke() -> None:
     """Note that a product just ran on OpenBLAS's threads (see :func:`openblas_spinning`)."""
-    global _spin_until
+    global _spin_until, _wakes
     _spin_until = time.monotonic() + WIDE_SPIN_S
+    _wakes += 1
 
 
 def openblas_spinning() -> bool:
@@ -238,6 +241,14 @@ def openblas_spinning() -> bool:
     (everyo-kernels' pair then leaves that core to it: a thread of its own beside the
     spinning worker made a CNN step twice as slow, measured)."""
     return time.monotonic() < _spin_until
+
+
+def openblas_wakes() -> int:
+    """How many products through this module have run on OpenBLAS's threads in this
+    process (each one may leave its worker spinning: :func:`openblas_spinning`). The
+    pair of everyo-kernels compares counts to tell its own check's product from the
+    program's own products on those threads."""
+    return _wakes
 
 
 @contextlib.contextmanager

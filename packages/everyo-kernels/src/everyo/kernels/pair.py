@@ -33,7 +33,8 @@ a (dtype, shape, layouts, BLAS threads) whose halves, each computed alone on one
 found to have the bits of the whole product computed as core computes it
 (on the threads OpenBLAS has now): checked once per shape with random
 operands (:func:`_parts_agree`). That check wakes OpenBLAS's workers;
-a later split waits until they are asleep again (``SETTLE_S``), once.
+a later split waits until they are asleep again (``SETTLE_S``), once, unless
+a product of the program's own woke them since (:func:`_settle`).
 
 Nothing of this runs at import: the worker starts at the first job. It is a
 daemon thread; a ``fork`` child starts its own (the pid is checked).
@@ -298,12 +299,20 @@ def _spinning() -> bool:
 
 def _settle() -> bool:
     """True when OpenBLAS's worker is not spinning, after waiting for it to stop if a
-    wait is left (one per shape :func:`_parts_agree` checked); False when it spins and
-    no wait is left."""
+    wait is left (one per shape :func:`_parts_agree` checked) and the spinning is a
+    check's; False when it spins and no wait is left, or when a product of the
+    program's own ran on OpenBLAS's threads after the last check (core's
+    ``_blas.openblas_wakes`` counted past ``_check_wakes``): such a product (a shape whose
+    halves have other bits) runs again every step, and waiting ``SETTLE_S`` for the
+    worker it woke would cost each step that long (a CNN step on an AMD EPYC, where 7
+    of its 8 shapes run whole: 71 -> 264 ms, measured)."""
     global _waits
     if not _spinning():
         return True
     if _waits <= 0:
+        return False
+    wakes = getattr(_blas, "openblas_wakes", None)
+    if wakes is not None and wakes() != _check_wakes:
         return False
     _waits -= 1
     deadline = time.monotonic() + SETTLE_S
@@ -317,6 +326,7 @@ def _settle() -> bool:
 _agree: dict[tuple, bool] = {}
 _settle_until = 0.0  # until when the last check's product may leave OpenBLAS's worker spinning
 _waits = 0  # waits for that worker to settle still allowed (one per checked shape: _settle)
+_check_wakes = 0  # core's count of products on OpenBLAS's threads right after the last check
 
 
 def _layout(a: np.ndarray) -> str | None:
@@ -350,7 +360,7 @@ def _parts_agree(key: tuple) -> bool:
     """Whether the two halves of a product (:func:`_halves`), each on one BLAS thread, give the
     bits of the whole product on BLAS's threads as set now (random operands);
     once per key, at most ``MAX_SHAPES`` keys."""
-    global _settle_until, _waits
+    global _settle_until, _waits, _check_wakes
     if key not in _agree:
         if len(_agree) >= MAX_SHAPES:
             return False
@@ -368,6 +378,7 @@ def _parts_agree(key: tuple) -> bool:
         _agree[key] = bool(np.array_equal(whole.view(np.uint8), parts.view(np.uint8)))
         _settle_until = time.monotonic() + SETTLE_S  # that product woke OpenBLAS's workers
         _waits += 1
+        _check_wakes = getattr(_blas, "openblas_wakes", lambda: 0)()
     return _agree[key]
 
 
@@ -384,10 +395,11 @@ def split_matmul(x: np.ndarray, y: np.ndarray, out: np.ndarray) -> bool:
     A shape's first product is not split: it is checked (:func:`_parts_agree`, whose
     whole product wakes OpenBLAS's worker) and core makes it as always. A later split
     that finds the worker spinning waits for it to settle (``SETTLE_S`` at most) while
-    waits are left, one per checked shape: a training loop's first step checks all its
-    shapes, and its second step waits once instead of once per shape. Past those waits
-    (a loop with a product on OpenBLAS's threads in every step) products beside a
-    spinning worker are left to core."""
+    waits are left, one per checked shape, and no product of the program's own ran on
+    OpenBLAS's threads since the last check: a training loop's first step checks all its
+    shapes, and its second step waits once instead of once per shape. A loop with a
+    product on OpenBLAS's threads in every step (a shape whose halves have other bits)
+    never waits: products beside a spinning worker are left to core."""
     if x.ndim != 2 or y.ndim != 2 or out.ndim != 2:
         return False
     m, k = x.shape
