@@ -51,10 +51,20 @@ def test_products_are_numpys_and_the_thread_count_is_restored(shape):
     y = rng.standard_normal((*lead, k, n)).astype(np.float32)
     found = _blas._find()
     before = found[0]() if found else None
-    np.testing.assert_array_equal(_blas.matmul(x, y), np.matmul(x, y))
+    # NumPy's product on the threads core's rule gives it: one for a small product. On
+    # OpenBLAS's Haswell kernels (an AMD EPYC) one and two threads give some shapes other
+    # bits, so the rule's count is part of the result (the same whatever the machine's load).
+    small = _blas.OPENBLAS_SINGLE <= m * k * n < _blas.SMALL_MNK
+    if small and found:
+        threadpoolctl = pytest.importorskip("threadpoolctl")
+        with threadpoolctl.threadpool_limits(1):
+            want = np.matmul(x, y)
+    else:
+        want = np.matmul(x, y)
+    assert np.array_equal(_blas.matmul(x, y).view(np.uint8), want.view(np.uint8))
     out = np.empty((*lead, m, n), np.float32)
     assert _blas.matmul(x, y, out) is out
-    np.testing.assert_array_equal(out, np.matmul(x, y))
+    assert np.array_equal(out.view(np.uint8), want.view(np.uint8))
     assert (found[0]() if found else None) == before
 
 

@@ -43,13 +43,13 @@ def _small_cnn_reference(state, x_nchw):
 def test_flatten_after_conv_is_permuted_when_traced():
     state, x = _small_cnn_state(), _r(2, 2, 6, 7)
     model = eo.load_torch_state_dict(_small_cnn(), state, example_input=np.zeros((1, 6, 7, 2), np.float32))
-    np.testing.assert_allclose(model(x.transpose(0, 2, 3, 1)).data, _small_cnn_reference(state, x), atol=1e-5)
+    np.testing.assert_allclose(model(x.transpose(0, 2, 3, 1)).data, _small_cnn_reference(state, x), rtol=1e-5, atol=1e-5)
 
 
 def test_flatten_after_conv_is_permuted_when_its_shape_is_given():
     state, x = _small_cnn_state(), _r(2, 2, 6, 7)
     model = eo.load_torch_state_dict(_small_cnn(), state, flatten_from={"3": (4, 5, 3)})
-    np.testing.assert_allclose(model(x.transpose(0, 2, 3, 1)).data, _small_cnn_reference(state, x), atol=1e-5)
+    np.testing.assert_allclose(model(x.transpose(0, 2, 3, 1)).data, _small_cnn_reference(state, x), rtol=1e-5, atol=1e-5)
 
 
 def test_a_conv_then_linear_model_without_a_shape_is_refused_and_nothing_is_copied():
@@ -81,7 +81,7 @@ def test_a_flatten_whose_order_cannot_be_known_is_refused_even_when_traced():
     x = _r(2, 2, 6, 7)
     ref = _conv_nchw(x, state["conv.weight"], state["conv.bias"])
     ref = ref.reshape(2, -1) @ state["fc.weight"].T + state["fc.bias"]
-    np.testing.assert_allclose(model(x.transpose(0, 2, 3, 1)).data, ref, atol=1e-5)
+    np.testing.assert_allclose(model(x.transpose(0, 2, 3, 1)).data, ref, rtol=1e-5, atol=1e-5)
 
 
 def test_a_custom_forward_reshape_after_pooling_is_traced():
@@ -101,7 +101,7 @@ def test_a_custom_forward_reshape_after_pooling_is_traced():
     h = h.reshape(2, 3, 2, 2, 2, 2).max(axis=(3, 5))
     ref = h.reshape(2, -1) @ state["fc.weight"].T + state["fc.bias"]
     model = eo.load_torch_state_dict(Net(), state, example_input=np.zeros((1, 6, 6, 2), np.float32))
-    np.testing.assert_allclose(model(x.transpose(0, 2, 3, 1)).data, ref, atol=1e-5)
+    np.testing.assert_allclose(model(x.transpose(0, 2, 3, 1)).data, ref, rtol=1e-5, atol=1e-5)
 
 
 def test_tracing_changes_nothing_in_the_model():
@@ -129,7 +129,7 @@ def test_a_flatten_of_a_sequence_or_a_one_channel_map_needs_no_permutation():
     ids = np.array([[1, 2, 3, 4], [0, 6, 5, 1]])
     eo.load_torch_state_dict(model, state, example_input=ids)
     ref = state["0.weight"][ids].reshape(2, -1) @ state["2.weight"].T + state["2.bias"]
-    np.testing.assert_allclose(model(ids).data, ref, atol=1e-5)
+    np.testing.assert_allclose(model(ids).data, ref, rtol=1e-5, atol=1e-5)
 
 
 def test_conv1d_and_conv_transpose_kernels():
@@ -137,7 +137,7 @@ def test_conv1d_and_conv_transpose_kernels():
     w1, b1 = _r(4, 3, 3), _r(4)
     conv1 = eo.load_torch_state_dict(eo.Conv1D(3, 4, 3), {"weight": w1, "bias": b1})
     ref1 = _conv_nchw(x[:, :, None], w1[:, :, None], b1)[:, :, 0]
-    np.testing.assert_allclose(conv1(x.transpose(0, 2, 1)).data, ref1.transpose(0, 2, 1), atol=1e-5)
+    np.testing.assert_allclose(conv1(x.transpose(0, 2, 1)).data, ref1.transpose(0, 2, 1), rtol=1e-5, atol=1e-5)
 
     wt, bt = _r(3, 2, 2, 2), _r(2)  # ConvTranspose2d weight is (in, out, kh, kw); stride 1
     xt = _r(1, 3, 3, 3)
@@ -147,7 +147,7 @@ def test_conv1d_and_conv_transpose_kernels():
             ref[:, :, i : i + 3, j : j + 3] += np.einsum("nchw,co->nohw", xt, wt[:, :, i, j])
     ref += bt[None, :, None, None]
     deconv = eo.load_torch_state_dict(eo.Conv2DTranspose(3, 2, 2), {"weight": wt, "bias": bt})
-    np.testing.assert_allclose(deconv(xt.transpose(0, 2, 3, 1)).data, ref.transpose(0, 2, 3, 1), atol=1e-5)
+    np.testing.assert_allclose(deconv(xt.transpose(0, 2, 3, 1)).data, ref.transpose(0, 2, 3, 1), rtol=1e-5, atol=1e-5)
 
 
 def test_multihead_attention_packed_projection_and_groupnorm_layouts():

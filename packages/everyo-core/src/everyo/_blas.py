@@ -433,7 +433,11 @@ def matmul(x: np.ndarray, y: np.ndarray, out: np.ndarray | None = None) -> np.nd
     """``np.matmul(x, y, out=out)``, on one BLAS thread when each product is small
     (``OPENBLAS_SINGLE <= m * n * k < SMALL_MNK``; below that OpenBLAS uses one anyway),
     or when :func:`machine_busy` and one thread gives this shape the same bits
-    (:func:`_alone_same`). With everyo-kernels a large 2-D product may be made as two
+    (:func:`_alone_same`). The first rule is part of the result: on OpenBLAS's Haswell
+    kernels (an AMD EPYC) one thread and two give some shapes other bits (an edge of the
+    rows each thread makes), so a small product has the bits of NumPy's on one thread,
+    whatever the machine's load; a large one has those of NumPy's product on the threads
+    OpenBLAS has. With everyo-kernels a large 2-D product may be made as two
     halves on its pair of threads (``split_matmul``), and so may a large stack of small
     products into an ``out`` array (``split_batched``), only where the halves give the
     same bits."""
