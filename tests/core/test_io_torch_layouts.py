@@ -43,13 +43,17 @@ def _small_cnn_reference(state, x_nchw):
 def test_flatten_after_conv_is_permuted_when_traced():
     state, x = _small_cnn_state(), _r(2, 2, 6, 7)
     model = eo.load_torch_state_dict(_small_cnn(), state, example_input=np.zeros((1, 6, 7, 2), np.float32))
-    np.testing.assert_allclose(model(x.transpose(0, 2, 3, 1)).data, _small_cnn_reference(state, x), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(
+        model(x.transpose(0, 2, 3, 1)).data, _small_cnn_reference(state, x), rtol=1e-5, atol=1e-5
+    )
 
 
 def test_flatten_after_conv_is_permuted_when_its_shape_is_given():
     state, x = _small_cnn_state(), _r(2, 2, 6, 7)
     model = eo.load_torch_state_dict(_small_cnn(), state, flatten_from={"3": (4, 5, 3)})
-    np.testing.assert_allclose(model(x.transpose(0, 2, 3, 1)).data, _small_cnn_reference(state, x), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(
+        model(x.transpose(0, 2, 3, 1)).data, _small_cnn_reference(state, x), rtol=1e-5, atol=1e-5
+    )
 
 
 def test_a_conv_then_linear_model_without_a_shape_is_refused_and_nothing_is_copied():
