@@ -242,9 +242,10 @@ def test_the_check_finds_a_blas_whose_parts_differ(split_on, monkeypatch):
 
 
 # The tests below that need a split use 1536 rows: the halves' cut (768) is a multiple of the
-# rows of OpenBLAS's float32 kernels on Intel (SkylakeX, 16) and AMD (Haswell kernels, 24), so the
-# halves have the whole product's bits on both; 1600 rows (a cut at 800) gave other bits on an AMD
-# EPYC, where the split is then, rightly, not made.
+# rows OpenBLAS's float32 kernels make at a time on Intel (SkylakeX, 16) and on AMD (Haswell
+# kernels, 12, counted from a range's first row), so the halves have the whole product's bits on
+# both; 1600 rows (a cut at 800) gave other bits on an AMD EPYC, where the split is then, rightly,
+# not made.
 def test_no_split_unless_every_condition_holds(split_on, monkeypatch):
     rng = np.random.default_rng(3)
     x, y = rng.standard_normal((1536, 33)).astype(np.float32), rng.standard_normal((33, 512)).astype(np.float32)

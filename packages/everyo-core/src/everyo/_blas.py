@@ -434,8 +434,8 @@ def matmul(x: np.ndarray, y: np.ndarray, out: np.ndarray | None = None) -> np.nd
     (``OPENBLAS_SINGLE <= m * n * k < SMALL_MNK``; below that OpenBLAS uses one anyway),
     or when :func:`machine_busy` and one thread gives this shape the same bits
     (:func:`_alone_same`). The first rule is part of the result: on OpenBLAS's Haswell
-    kernels (an AMD EPYC) one thread and two give some shapes other bits (an edge of the
-    rows each thread makes), so a small product has the bits of NumPy's on one thread,
+    kernels (an AMD EPYC) one thread and two give some shapes other bits (its kernels make a
+    range's rows 12 at a time from the range's first row, and the threads' ranges start elsewhere), so a small product has the bits of NumPy's on one thread,
     whatever the machine's load; a large one has those of NumPy's product on the threads
     OpenBLAS has. With everyo-kernels a large 2-D product may be made as two
     halves on its pair of threads (``split_matmul``), and so may a large stack of small

@@ -297,6 +297,13 @@ def _spinning() -> bool:
     return bool(spinning())
 
 
+def _core_wakes() -> int:
+    """Core's count of products on OpenBLAS's threads (``_blas.openblas_wakes``); 0 with an
+    older core, which has none (then every wait left is granted, as before it)."""
+    wakes = getattr(_blas, "openblas_wakes", None)
+    return 0 if wakes is None else int(wakes())
+
+
 def _settle() -> bool:
     """True when OpenBLAS's worker is not spinning, after waiting for it to stop if a
     wait is left (one per shape :func:`_parts_agree` checked) and the spinning is a
@@ -311,8 +318,7 @@ def _settle() -> bool:
         return True
     if _waits <= 0:
         return False
-    wakes = getattr(_blas, "openblas_wakes", None)
-    if wakes is not None and wakes() != _check_wakes:
+    if _core_wakes() != _check_wakes:
         return False
     _waits -= 1
     deadline = time.monotonic() + SETTLE_S
@@ -378,7 +384,7 @@ def _parts_agree(key: tuple) -> bool:
         _agree[key] = bool(np.array_equal(whole.view(np.uint8), parts.view(np.uint8)))
         _settle_until = time.monotonic() + SETTLE_S  # that product woke OpenBLAS's workers
         _waits += 1
-        _check_wakes = getattr(_blas, "openblas_wakes", lambda: 0)()
+        _check_wakes = _core_wakes()
     return _agree[key]
 
 
