@@ -54,26 +54,21 @@ def test_the_worker_stays_awake_for_spin_s_after_a_job():
     assert 0.5 < worker.grace / (rate * pair.GRACE_S) < 2
 
 
-def test_a_worker_asleep_is_woken_by_the_next_post(monkeypatch):
-    # A caller signals the worker's event only when the worker has said it sleeps (a spinning
-    # worker sees the post itself); the worker says so before it looks for a post.
+def test_a_worker_asleep_is_woken_by_the_next_post():
+    # A caller wakes the worker (a futex wake) only when the worker has said it sleeps (a
+    # spinning worker sees the post itself); the worker says so before it looks for a post.
     pair.run(lambda: None, lambda: None)
     worker = pair._get()
-    sets = []
-
-    class Counted(threading.Event):
-        def set(self):
-            sets.append(1)
-            super().set()
-
-    monkeypatch.setattr(worker, "wake", Counted())
     guard = time.monotonic() + DEADLOCK_GUARD_S
-    while not worker.sleeping and time.monotonic() < guard:  # its spin (SPIN_S) ends, then it waits
+    while not worker.sleeping and time.monotonic() < guard:  # its spin (SPIN_S) ends, then it sleeps
         time.sleep(0.001)
     assert worker.sleeping
+    wakes = worker.ctrl[pair._WAKES]
     ran = []
     pair.run(lambda: None, lambda: ran.append(1))
-    assert ran == [1] and sets == [1]
+    assert ran == [1] and worker.ctrl[pair._WAKES] == wakes + 1
+    pair.run(lambda: None, lambda: ran.append(2))  # awake now: no wake needed
+    assert ran == [1, 2] and worker.ctrl[pair._WAKES] == wakes + 1
 
 
 def test_run_returns_only_when_the_workers_part_is_done():
@@ -181,7 +176,10 @@ def test_an_lstm_in_an_atexit_handler_still_runs():
 @pytest.fixture
 def split_on(monkeypatch):
     """The conditions that make split_matmul split: the worker awake, the machine not busy,
-    two BLAS threads; a fresh record of checked shapes, and no settling time."""
+    two BLAS threads, OpenBLAS's jobs on its own workers (an OpenBLAS without the threads
+    callback: install_jobs); a fresh record of checked shapes, and no settling time."""
+    monkeypatch.setattr(pair, "install_jobs", lambda: False)
+    monkeypatch.setattr(pair, "_callback", None)
     monkeypatch.setattr(pair, "awake", lambda: True)
     monkeypatch.setattr(_blas, "machine_busy", lambda: False)
     monkeypatch.setattr(pair, "blas_threads", lambda: 2)

@@ -41,13 +41,16 @@ user's own NumPy code in another thread is not covered: it runs on the count in
 force when it starts. Where OpenBLAS is not found (another BLAS, another OS) :func:`matmul` is ``np.matmul`` and NumPy runs as configured. Set
 ``SMALL_MNK = 0`` to turn the rule off.
 
-With everyo-kernels, a large 2-D product may instead run as two halves (rows or
-columns) on two threads of EveryO's own, each on one BLAS thread (kernel
-``split_matmul``): where OpenBLAS has exactly two threads and the machine is not
-busy (or right after an LSTM scan used those threads), and only for shapes whose
-halves were found to give the whole product's bits (everyo-kernels' ``pair``
-module). Then OpenBLAS's own worker is not woken, and the kernels' large passes
-use the second core on the same threads (everyo-kernels' ``halves`` module).
+With everyo-kernels, where OpenBLAS has exactly two threads, the first large 2-D
+product (kernel ``split_matmul``) hands OpenBLAS's parallel jobs to everyo-kernels'
+pair of threads (OpenBLAS's threads callback): the same partition and kernels as
+OpenBLAS's own threads, so the same bits, with no OpenBLAS worker left spinning. Where
+that callback is missing (OpenBLAS before 0.3.27), a large 2-D product may instead run
+as two halves (rows or columns) on two threads of EveryO's own, each on one BLAS
+thread, where the machine is not busy (or right after an LSTM scan used those
+threads), and only for shapes whose halves were found to give the whole product's
+bits (everyo-kernels' ``pair`` module). Either way, the kernels' large passes use the
+second core on the same threads (everyo-kernels' ``halves`` module).
 """
 
 from __future__ import annotations

@@ -15,18 +15,26 @@ helping (everyo-kernels README, "The whole-loop LSTM kernels"):
 So the pair is one worker thread that, after each job, stays awake for
 ``SPIN_S`` (a compiled loop, outside the GIL, calling ``sched_yield`` each
 time round so any other runnable thread gets the core first) and then
-sleeps on an event. The LSTM's scans run their batch as two row ranges on it
-and the caller (``everyo.kernels.recurrent``).
+sleeps on a futex until the next post. The LSTM's scans run their batch as
+two row ranges on it and the caller (``everyo.kernels.recurrent``).
 
-Where OpenBLAS has exactly two threads (a 2-core machine) and the machine is
-not busy, the pair is the process's one way of using the second core
-(:func:`owns_second_core`): the large 2-D products are split in two halves
-(rows or columns) over it and the caller, each on one OpenBLAS thread
-(:func:`split_matmul`), so OpenBLAS's workers are not woken, and so are the
-kernels' large passes (:mod:`everyo.kernels.halves`: im2col, pooling, ReLU,
-softmax, ...), which a spinning OpenBLAS worker would otherwise share the
-second core with. With more BLAS threads, products are split only while the
-worker is awake (right after an LSTM scan).
+Where OpenBLAS has exactly two threads (a 2-core machine), OpenBLAS's own
+parallel jobs run on the pair too (:func:`install_jobs`, at the first large
+product): OpenBLAS hands each call's two jobs to a compiled callback, which
+runs the first on the calling thread and the second on the worker. The
+partition and the kernels are OpenBLAS's, so every product has the bits of
+OpenBLAS's two threads, and no worker of OpenBLAS's spins on the second core
+after a product (0.2 s each time), so the pair can use that core right away.
+
+Where the pair owns the second core (:func:`owns_second_core`: two BLAS
+threads, the machine not busy, no OpenBLAS worker spinning), the kernels'
+large passes (:mod:`everyo.kernels.halves`: im2col, pooling, ReLU, softmax,
+...) run in two halves on it. Where the callback cannot be installed (an
+OpenBLAS older than 0.3.27, another OS or CPU), the large 2-D products are
+split in two halves (rows or columns) over the pair instead, each on one
+OpenBLAS thread (:func:`split_matmul`), so OpenBLAS's workers are not woken.
+With more BLAS threads, products are split only while the worker is awake
+(right after an LSTM scan).
 
 Results stay bit-identical to core's NumPy path: a product is split only for
 a (dtype, shape, layouts, BLAS threads) whose halves, each computed alone on one thread, were
@@ -42,19 +50,22 @@ daemon thread; a ``fork`` child starts its own (the pid is checked).
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import ctypes
 import os
+import platform
+import sys
 import threading
 import time
 from typing import TYPE_CHECKING, Any
 
+import numba
 import numpy as np
-from llvmlite import ir
 from numba import types
-from numba.extending import intrinsic
 
 from everyo import _blas, kernel_table
+from everyo.kernels import _native, _sync
 from everyo.kernels._jit import kernel
 from everyo.kernels._native import blas_threads
 
@@ -67,6 +78,8 @@ __all__ = [
     "SETTLE_S",
     "MIN_ROWS",
     "awake",
+    "install_jobs",
+    "jobs_on_pair",
     "owns_second_core",
     "run",
     "split_matmul",
@@ -87,90 +100,111 @@ MIN_ROWS = 8  # rows of each part of a split product
 MAX_SHAPES = 32
 
 _IDLE, _POSTED, _DONE = 0, 1, 2
+_FREE, _PYTHON, _BLAS = 0, 1, 2  # who has the worker (ctrl[_OWNER])
 
+# The words of a worker's ``ctrl`` array, each group on its own cache line:
+_PY = 0  # a job of Python's (run): _IDLE, _POSTED, _DONE
+_OWNER = 8  # _FREE, _PYTHON (running a job of Python's) or _BLAS (taken by an OpenBLAS call)
+_SLEEPING = 9  # 1 while the worker sleeps on the futex word
+_FUTEX = 10  # the futex word: a post that finds the worker asleep bumps it and wakes it
+_JOB = 16  # an OpenBLAS job: _IDLE, _POSTED, _DONE; then its dojob, job data and dojob_data
+_JOBS = 24  # OpenBLAS jobs the worker ran
+_WAKES = 25  # posts that woke the worker from its sleep
+_SPARE = 26  # OpenBLAS calls whose jobs ran on threads started for them (_jobs)
+_WORDS = 32
 
-@intrinsic
-def _call(typingctx, address):
-    """``int f(void)`` at ``address`` (here ``sched_yield``)."""
-    sig = types.int32(types.int64)
-
-    def codegen(context, builder, signature, args):
-        fnty = ir.FunctionType(ir.IntType(32), [])
-        return builder.call(builder.inttoptr(args[0], fnty.as_pointer()), [])
-
-    return sig, codegen
-
-
-@intrinsic
-def _cycles(typingctx):
-    """The CPU's cycle counter (``llvm.readcyclecounter``: ``rdtsc`` on x86-64)."""
-    sig = types.int64()
-
-    def codegen(context, builder, signature, args):
-        fnty = ir.FunctionType(ir.IntType(64), [])
-        fn = builder.module.declare_intrinsic("llvm.readcyclecounter", fnty=fnty)
-        return builder.call(fn, [])
-
-    return sig, codegen
+# The process's current worker, for OpenBLAS's callback (which has no Python to ask):
+# [0] the address of its ctrl array, [1] the pid of its process (a fork child has none
+# until _get starts one). Allocated once, at import; its address is compiled into the callback.
+# [2:] the addresses the callback calls (_install).
+_CURRENT = np.zeros(16, np.int64)
+_GETPID, _YIELD, _SYSCALL, _CREATE, _JOIN, _ABORT, _SPARE_ROUTINE = range(2, 9)
+_CALLING = 9  # the pid of the process one of whose threads is in an OpenBLAS call (_jobs), or 0
 
 
 @kernel
-def _poll(ctrl, yield_fn, ticks, finished, grace):
-    """Wait for ``ctrl[0] == _POSTED`` (True) for ``ticks`` cycles at most (False),
-    yielding the core on each round (the opaque call makes LLVM load ``ctrl[0]``
-    again each time). With ``finished``, first say that the worker's part is done
-    (``ctrl[0] = _DONE``): in the same call outside the GIL, so the caller, once it
-    sees the news, never waits for the worker to let go of the GIL.
+def _poll(ctrl, yield_fn, syscall_fn, ticks, finished, grace):
+    """The worker's loop, outside the GIL: return when a job of Python's is posted
+    (``ctrl[_PY] == _POSTED``) and the worker has taken it (``ctrl[_OWNER] = _PYTHON``).
+    With ``finished``, first say that the worker's last such job is done (in the same
+    call outside the GIL, so the caller, once it sees the news, never waits for the
+    worker to let go of the GIL).
 
-    Once the job is posted, spin ``grace`` cycles more before returning (``GRACE_S``):
-    the worker then needs the GIL to start the job, and the caller, which posted it,
-    holds it until its own half enters NumPy or a kernel. Asking for a held GIL puts a
-    thread to sleep until it is let go, and waking it took ~10 us here. Measured on the
-    encoder's 74 splits a step, post to the worker's half starting (median): 11.0 us
-    without the grace, 6.1 with 4 us, 10.0 with 8 us."""
+    Meanwhile, run each OpenBLAS job posted at ``ctrl[_JOB]`` (:func:`_jobs`), here in
+    compiled code. Spin (calling ``sched_yield`` each time round, so any other runnable
+    thread gets the core first) until ``ticks`` cycles pass with nothing posted, then
+    sleep on the futex word until a post wakes it (:func:`_post`).
+
+    Once a job of Python's is posted, spin ``grace`` cycles more before returning
+    (``GRACE_S``): the worker then needs the GIL to start the job, and the caller, which
+    posted it, holds it until its own half enters NumPy or a kernel. Asking for a held
+    GIL puts a thread to sleep until it is let go, and waking it took ~10 us here.
+    Measured on the encoder's 74 splits a step, post to the worker's half starting
+    (median): 11.0 us without the grace, 6.1 with 4 us, 10.0 with 8 us."""
+    _sync.store(ctrl, _OWNER, _FREE)  # in this loop, the worker may take an OpenBLAS job
     if finished:
-        ctrl[0] = _DONE
-    start = _cycles()
-    while ctrl[0] != _POSTED:
-        _call(yield_fn)
-        if _cycles() - start > ticks:
-            if ctrl[0] != _POSTED:
-                return False
+        _sync.store(ctrl, _PY, _DONE)
+    start = _sync.cycles()
+    while True:
+        if _sync.load(ctrl, _JOB) == _POSTED:
+            _sync.dojob(_sync.load(ctrl, _JOB + 1), 1, _sync.load(ctrl, _JOB + 2), _sync.load(ctrl, _JOB + 3))
+            _sync.add(ctrl, _JOBS, 1)
+            _sync.store(ctrl, _JOB, _DONE)
+            start = _sync.cycles()
+            continue
+        if _sync.load(ctrl, _PY) == _POSTED and _sync.swap_if(ctrl, _OWNER, _FREE, _PYTHON):
             break
-    seen = _cycles()
-    while _cycles() - seen < grace:
+        _sync.call0(yield_fn)
+        if _sync.cycles() - start > ticks:
+            # asleep until a post: say so, then look for a post (_post does the opposite)
+            _sync.store(ctrl, _SLEEPING, 1)
+            seen = _sync.load(ctrl, _FUTEX)
+            if _sync.load(ctrl, _JOB) != _POSTED and _sync.load(ctrl, _PY) != _POSTED:
+                _sync.futex(syscall_fn, ctrl, _FUTEX, _sync.FUTEX_WAIT, seen)
+            _sync.store(ctrl, _SLEEPING, 0)
+            start = _sync.cycles()
+    seen = _sync.cycles()
+    while _sync.cycles() - seen < grace:
         pass  # the grace: a busy wait, no call (see above)
     return True
 
 
 @kernel
+def _post(ctrl, index, syscall_fn):
+    """Post the job at ``ctrl[index]`` (its other words already written), and wake the
+    worker if it sleeps: the worker says it sleeps, then looks for a post; this posts,
+    then looks whether it sleeps. With both in one order of all such loads and stores
+    (sequentially consistent), one of them sees the other's word."""
+    _sync.store(ctrl, index, _POSTED)
+    if _sync.load(ctrl, _SLEEPING) != 0:
+        _sync.add(ctrl, _FUTEX, 1)
+        _sync.add(ctrl, _WAKES, 1)
+        _sync.futex(syscall_fn, ctrl, _FUTEX, _sync.FUTEX_WAKE, 1)
+
+
+@kernel
 def _wait_done(ctrl, yield_fn):
-    """Wait for ``ctrl[0] == _DONE`` (the worker's part finished)."""
-    while ctrl[0] != _DONE:
-        _call(yield_fn)
+    """Wait for ``ctrl[_PY] == _DONE`` (the worker's part finished)."""
+    while _sync.load(ctrl, _PY) != _DONE:
+        _sync.call0(yield_fn)
 
 
 @kernel
 def _read_cycles():
-    return _cycles()
-
-
-def _yield_address() -> int:
-    libc = ctypes.CDLL(None)
-    return int(ctypes.cast(libc.sched_yield, ctypes.c_void_p).value or 0)
+    return _sync.cycles()
 
 
 class _Worker:
-    """The thread and its handshake (``ctrl[0]``: idle, posted, done)."""
+    """The thread and its handshake (its ``ctrl`` words, above)."""
 
     def __init__(self) -> None:
         self.pid = os.getpid()
-        self.ctrl = np.zeros(8, np.int64)  # one cache line; only [0] is used
-        self.yield_fn = _yield_address()
-        self.wake = threading.Event()
+        self.ctrl = np.zeros(_WORDS, np.int64)
+        self.ctrl[_OWNER] = _PYTHON  # not free for OpenBLAS's jobs until its loop runs (_poll)
+        self.yield_fn = _sync.libc_address("sched_yield")
+        self.syscall_fn = _sync.libc_address("syscall")
         self.lock = threading.Lock()  # one caller at a time; others run their parts alone
         self.job: Callable[[], Any] | None = None
-        self.sleeping = False  # the thread waits on `wake` (set before it reads ctrl[0])
         self.error: BaseException | None = None
         self.last = -1.0  # time.monotonic() when the last job ended
         # cycles per second, for the spin's length: read around a short sleep (after a first
@@ -184,32 +218,26 @@ class _Worker:
         self.thread = threading.Thread(target=self._serve, name="everyo-kernels-pair", daemon=True)
         self.thread.start()
 
+    @property
+    def sleeping(self) -> bool:
+        """Whether the thread sleeps until the next post."""
+        return bool(self.ctrl[_SLEEPING])
+
     def _serve(self) -> None:
-        ctrl, yield_fn, ticks, grace = self.ctrl, self.yield_fn, self.ticks, self.grace
-        posted = _poll(ctrl, yield_fn, ticks, False, grace)
+        ctrl, yield_fn, syscall_fn, ticks, grace = self.ctrl, self.yield_fn, self.syscall_fn, self.ticks, self.grace
+        finished = False
         while True:
-            if posted:
-                job, self.job = self.job, None
-                try:
-                    if job is not None:
-                        job()
-                except BaseException as error:  # handed to the caller, which raises it
-                    self.error = error
-                # the job's closure holds its arrays (a product's operands and result): not
-                # kept alive while the worker waits for the next job
-                job = None
-                posted = _poll(ctrl, yield_fn, ticks, True, grace)
-            else:
-                # Asleep until a caller posts. The caller posts, then reads `sleeping`; this
-                # thread sets it, then reads the post: whichever goes second sees the other's
-                # write (the GIL orders them), so a post is never missed, and a caller that
-                # finds this thread spinning skips `wake.set()` (~2 us with the GIL held).
-                self.sleeping = True
-                if ctrl[0] != _POSTED:
-                    self.wake.wait()
-                    self.wake.clear()
-                self.sleeping = False
-                posted = _poll(ctrl, yield_fn, ticks, False, grace)
+            _poll(ctrl, yield_fn, syscall_fn, ticks, finished, grace)
+            job, self.job = self.job, None
+            try:
+                if job is not None:
+                    job()
+            except BaseException as error:  # handed to the caller, which raises it
+                self.error = error
+            # the job's closure holds its arrays (a product's operands and result): not
+            # kept alive while the worker waits for the next job
+            job = None
+            finished = True
 
     def run(self, mine: Callable[[], Any], theirs: Callable[[], Any]) -> None:
         if not self.lock.acquire(blocking=False):  # another thread is using the pair
@@ -219,14 +247,12 @@ class _Worker:
         try:
             self.error = None
             self.job = theirs
-            self.ctrl[0] = _POSTED
-            if self.sleeping:
-                self.wake.set()
+            _post(self.ctrl, _PY, self.syscall_fn)
             try:
                 mine()
             finally:  # the worker's part uses the same arrays: always wait for it
                 _wait_done(self.ctrl, self.yield_fn)
-                self.ctrl[0] = _IDLE
+                self.ctrl[_PY] = _IDLE
                 self.last = time.monotonic()
             if self.error is not None:
                 error, self.error = self.error, None
@@ -246,6 +272,7 @@ def _get() -> _Worker:
         with _start_lock:
             if _worker is None or _worker.pid != os.getpid():
                 _worker = _Worker()
+                _CURRENT[0], _CURRENT[1] = _worker.ctrl.ctypes.data, _worker.pid
             worker = _worker
     return worker
 
@@ -267,6 +294,152 @@ def run(mine: Callable[[], Any], theirs: Callable[[], Any]) -> None:
         theirs()
         return
     worker.run(mine, theirs)
+
+
+# --- OpenBLAS's jobs on the pair ---------------------------------------------------------
+
+_CALLBACK_SIGNATURE = types.void(types.int32, types.voidptr, types.int32, types.uintp, types.voidptr, types.int32)
+
+
+def _spare_routine(argument):  # compiled at the first install_jobs (a cfunc compiles when made)
+    """A thread started for one OpenBLAS job (:func:`_jobs`): its words are the job's
+    dojob, thread number, job data and dojob_data."""
+    words = numba.carray(_sync.words_at(_sync.address_of(argument)), 4, np.int64)
+    _sync.dojob(words[0], words[1], words[2], words[3])
+    return argument
+
+
+@kernel
+def _jobs(current, dojob, numjobs, elsize, jobdata, data):
+    """Run OpenBLAS's ``numjobs`` jobs of one call at once (they wait for each other, so
+    they must run at the same time): the first here, the second on the pair's worker
+    where this is the worker's process and the worker is free (in its loop, not running
+    a job of Python's); else each other job on a thread started for it. No Python and no
+    GIL: the caller of the product may hold the GIL or not.
+
+    One call at a time in the process: OpenBLAS gives job ``i`` the work buffer of its
+    thread ``i`` (``blas_thread_buffer[i]``, driver/others/blas_server.c), one per thread
+    number, so two calls' jobs at once would share buffers (measured: two Python threads
+    making products at once got wrong products). A hold left by a thread of the parent
+    of a ``fork`` child (its pid, not this process's) is taken over."""
+    me = np.int64(_sync.call0(current[_GETPID]))
+    while True:
+        holder = _sync.load(current, _CALLING)
+        if holder != me and _sync.swap_if(current, _CALLING, holder, me):
+            break
+        _sync.call0(current[_YIELD])
+    if numjobs == 2 and current[0] != 0 and current[1] == me:
+        ctrl = numba.carray(_sync.words_at(current[0]), _WORDS, np.int64)
+        if _sync.swap_if(ctrl, _OWNER, _FREE, _BLAS):
+            _sync.store(ctrl, _JOB + 1, dojob)
+            _sync.store(ctrl, _JOB + 2, jobdata + elsize)
+            _sync.store(ctrl, _JOB + 3, data)
+            _post(ctrl, _JOB, current[_SYSCALL])
+            _sync.dojob(dojob, 0, jobdata, data)
+            while _sync.load(ctrl, _JOB) != _DONE:
+                _sync.call0(current[_YIELD])
+            _sync.store(ctrl, _JOB, _IDLE)
+            _sync.store(ctrl, _OWNER, _FREE)
+            _sync.store(current, _CALLING, 0)
+            return
+        _sync.add(ctrl, _SPARE, 1)
+    words = np.empty((max(numjobs, 1), 4), np.int64)
+    handles = np.zeros(max(numjobs, 1), np.int64)
+    for i in range(1, numjobs):
+        words[i, 0], words[i, 1], words[i, 2], words[i, 3] = dojob, i, jobdata + i * elsize, data
+        argument = np.int64(words.ctypes.data) + i * 32
+        if _sync.start_thread(current[_CREATE], handles, i, current[_SPARE_ROUTINE], argument) != 0:
+            # no thread: the jobs cannot run at once, and one alone would wait for the
+            # others forever; end the process rather than hang or return a wrong product
+            _sync.call0(current[_ABORT])
+    _sync.dojob(dojob, 0, jobdata, data)
+    for i in range(1, numjobs):
+        _sync.join_thread(current[_JOIN], handles[i])
+    _sync.store(current, _CALLING, 0)
+
+
+_callback: Any = None  # the compiled callback, once installed (kept for the process's life)
+_install_lock = threading.Lock()
+
+
+_SET_CURRENT = -1  # a ``sync`` OpenBLAS never passes: the call gives the callback _CURRENT's address
+
+
+def _callback_body(sync, dojob, numjobs, elsize, jobdata, data):
+    """OpenBLAS's threads callback (``openblas_threads_callback``; compiled by
+    :func:`install_jobs`). OpenBLAS calls it with ``sync`` 1; called once with
+    ``_SET_CURRENT`` first, it keeps ``jobdata`` as the address of ``_CURRENT`` in a
+    variable of its own machine code, so the compiled code holds no address of this
+    process and stays cacheable on disk."""
+    slot = numba.carray(_sync.own_word(), 1, np.int64)
+    if sync == _SET_CURRENT:
+        slot[0] = _sync.address_of(jobdata)
+        return
+    words = numba.carray(_sync.words_at(slot[0]), 16, np.int64)
+    _jobs(
+        words, _sync.address_of(dojob), np.int64(numjobs), np.int64(elsize), _sync.address_of(jobdata), np.int64(data)
+    )
+
+
+def _uninstall() -> None:
+    """Give OpenBLAS its own threads back (at exit: the callback must not outlive the process's Python)."""
+    setter = _native.jobs_setter()
+    if setter is not None and _callback is not None:
+        setter(None)
+
+
+def jobs_on_pair() -> bool:
+    """Whether OpenBLAS's parallel jobs run on the pair (:func:`install_jobs`)."""
+    return _callback is not None
+
+
+def install_jobs() -> bool:
+    """Hand OpenBLAS's parallel jobs to the pair, once per process, and True; False where
+    that does not apply (then products on OpenBLAS's threads run on its own workers).
+
+    OpenBLAS (0.3.27 and later) lets a program run its threads' jobs itself
+    (``openblas_set_threads_callback_function``). EveryO's callback runs a call's first
+    job on the calling thread and the second on the pair's worker, in compiled code: the
+    same partition and the same kernels as OpenBLAS's own two threads, so the same bits
+    for every shape, and no OpenBLAS worker left spinning after the product on the core
+    the pair's other work needs (on the AMD EPYC, where two halves of a product have other
+    bits than the whole, that spinning worker was where the second core's time went).
+
+    Only where OpenBLAS has exactly two threads, on x86-64 Linux (the worker sleeps on a
+    futex) and NumPy's OpenBLAS has the function. The setting is OpenBLAS's, for the whole
+    process: the program's own NumPy products on two threads also run their second job on
+    the pair (with OpenBLAS's bits); a call with more than two jobs, one made while the
+    worker is busy or from the worker itself, and one in a ``fork`` child before its worker
+    starts run their jobs on threads started for them. ``EVERYO_KERNELS=0`` leaves OpenBLAS
+    alone. At exit, OpenBLAS gets its own threads back."""
+    global _callback
+    if _callback is not None:
+        if _CURRENT[1] != os.getpid():  # a fork child: start its worker (until then, spare threads)
+            with contextlib.suppress(RuntimeError):  # no new thread now (interpreter shutdown)
+                _get()
+        return True
+    if not sys.platform.startswith("linux") or platform.machine() not in ("x86_64", "AMD64"):
+        return False
+    setter = _native.jobs_setter()
+    if setter is None or blas_threads() != 2:
+        return False
+    with _install_lock:
+        if _callback is None:
+            _get()
+            _CURRENT[_GETPID] = _sync.libc_address("getpid")
+            _CURRENT[_YIELD] = _sync.libc_address("sched_yield")
+            _CURRENT[_SYSCALL] = _sync.libc_address("syscall")
+            _CURRENT[_CREATE] = _sync.libc_address("pthread_create")
+            _CURRENT[_JOIN] = _sync.libc_address("pthread_join")
+            _CURRENT[_ABORT] = _sync.libc_address("abort")
+            spare = numba.cfunc(types.voidptr(types.voidptr), cache=True)(_spare_routine)
+            _CURRENT[_SPARE_ROUTINE] = spare.address
+            callback = numba.cfunc(_CALLBACK_SIGNATURE, cache=True)(_callback_body)
+            callback.ctypes(_SET_CURRENT, None, 0, 0, _CURRENT.ctypes.data, 0)
+            setter(ctypes.c_void_p(callback.address))
+            _callback = callback, spare
+            atexit.register(_uninstall)
+    return True
 
 
 def awake() -> bool:
@@ -291,6 +464,8 @@ def _spinning() -> bool:
     """Whether OpenBLAS's worker may still spin after a product on its threads: core's
     ``_blas.openblas_spinning``; with an older core, which has none, after a check's
     product (:func:`_parts_agree`) only."""
+    if _callback is not None:  # OpenBLAS's jobs run on the pair: no worker of its own spins
+        return False
     spinning = getattr(_blas, "openblas_spinning", None)
     if spinning is None:
         return time.monotonic() < _settle_until
@@ -391,7 +566,8 @@ def _parts_agree(key: tuple) -> bool:
 def split_matmul(x: np.ndarray, y: np.ndarray, out: np.ndarray) -> bool:
     """``np.matmul(x, y, out=out)`` as two halves (:func:`_halves`) on the pair (this
     thread and the worker), each on one BLAS thread, and True; or False (nothing done) where
-    that does not apply: the pair neither owns the second core (:func:`owns_second_core`)
+    that does not apply: OpenBLAS's jobs run on the pair (:func:`install_jobs`, tried
+    here: then core makes the product whole, on OpenBLAS's partition), the pair neither owns the second core (:func:`owns_second_core`)
     nor is awake (an LSTM scan just ran), the machine is busy, BLAS has one thread, the
     product is small, the operands are not float32/float64 2-D arrays of one dtype with
     contiguous rows or columns, ``out`` is not C-contiguous, the parts' bits were found
@@ -407,6 +583,8 @@ def split_matmul(x: np.ndarray, y: np.ndarray, out: np.ndarray) -> bool:
     product on OpenBLAS's threads in every step (a shape whose halves have other bits)
     never waits: products beside a spinning worker are left to core."""
     if x.ndim != 2 or y.ndim != 2 or out.ndim != 2:
+        return False
+    if install_jobs():
         return False
     m, k = x.shape
     n = y.shape[1]
