@@ -124,7 +124,8 @@ def lstm_cell_backward(a4, tc, c_prev, dh, dc, d_step):
 # belong to (its small-matrix and general kernels sum in other orders for some sizes),
 # while every (M, 128) @ (128, 128) product with M >= 2 agrees. So the rows are split
 # only where :func:`_rows_agree` found, once per shape, that the parts' products give
-# the whole product's bits (a range has two rows or more: one row would be gemv).
+# the whole product's bits (a range has two rows or more: one row would be gemv), at the
+# first cut of :func:`_candidates` that does.
 
 
 @kernel
@@ -210,36 +211,68 @@ def _parts(batch: int, hidden: int, steps: int) -> int:
     splits itself), (b) BLAS may use more than one thread in this process (a
     ``spawn`` worker's or ``threadpool_limits(1)``'s single thread is kept),
     (c) the machine is not busy (``_blas.machine_busy``: a second thread waiting
-    for a core costs more than it saves) and (d) there is work enough
+    for a core costs more than it saves) and OpenBLAS's worker is not spinning
+    after a product (:func:`_openblas_spinning`) and (d) there is work enough
     (``MIN_WORK``, ``MIN_ROWS`` rows a part); and never more than ``THREADS``."""
     if batch * hidden * hidden >= _blas.SMALL_MNK or steps * batch * hidden * hidden < MIN_WORK:
         return 1
     parts = min(THREADS, blas_threads(), batch // MIN_ROWS)
-    if parts < 2 or _blas.machine_busy():
+    if parts < 2 or _blas.machine_busy() or _openblas_spinning():
         return 1
     return parts
 
 
-_agree: dict[tuple[str, int, int, int], bool] = {}
+def _openblas_spinning() -> bool:
+    """Whether OpenBLAS's worker may still spin after a product on its threads
+    (:func:`everyo.kernels.pair._spinning`: never where OpenBLAS's jobs run on the pair): a
+    scan's second part would share its core with it (an AMD EPYC's LSTM step, where
+    ``W_hh``'s gradient ran on OpenBLAS's own threads every step: 20.9-24.8 -> 23.8-26.9 ms
+    with the scans split beside it)."""
+    return pair._spinning()
+
+
+_agree: dict[tuple[str, int, int, int], list[int] | bool] = {}  # a shape's cuts, or False
+CANDIDATES = 6  # cuts of two parts tried per shape (_rows_agree), nearest the middle first
 
 
 def _cuts(batch: int, parts: int) -> list[int]:
     return [batch * p // parts for p in range(parts + 1)]
 
 
-def _rows_agree(dtype: Any, batch: int, hidden: int, parts: int) -> bool:
-    """Whether BLAS gives each part of a (B, H) @ (H, H) product, computed alone, the
-    bits it has in the whole product (random operands, BLAS's thread count as set
-    now); asked once per shape and remembered."""
+def _candidates(batch: int, parts: int) -> list[list[int]]:
+    """The cuts :func:`_rows_agree` tries: the even ones; for two parts also cuts at
+    multiples of 4 nearest the middle (OpenBLAS's Haswell kernels, on an AMD EPYC, make a
+    product's rows 12 at a time from the call's first row, and a row of a shorter last block
+    has other bits: a (32, 128) @ (128, 128) product agrees with its parts cut at 12 or 24,
+    not at 16)."""
+    even = _cuts(batch, parts)
+    if parts != 2:
+        return [even]
+    middle = batch / 2
+    near = sorted(
+        (c for c in range(4, batch - 1, 4) if c != even[1] and min(c, batch - c) >= 2),
+        key=lambda c: (abs(c - middle), c),
+    )
+    return [even] + [[0, c, batch] for c in near[: CANDIDATES - 1]]
+
+
+def _rows_agree(dtype: Any, batch: int, hidden: int, parts: int) -> list[int] | bool:
+    """The cuts of the batch's rows into ``parts`` (:func:`_candidates`, in order) for which
+    BLAS gives each part of a (B, H) @ (H, H) product, computed alone, the bits it has in the
+    whole product (random operands, BLAS's thread count as set now), or False where none
+    does; asked once per shape and remembered."""
     key = (np.dtype(dtype).name, batch, hidden, parts)
     if key not in _agree:
         rng = np.random.default_rng(0)
         a = rng.standard_normal((batch, hidden)).astype(dtype)
         w = rng.standard_normal((hidden, hidden)).astype(dtype)
         whole = np.matmul(a, w)
-        cuts = _cuts(batch, parts)
-        split = np.concatenate([np.matmul(a[b0:b1], w) for b0, b1 in zip(cuts, cuts[1:])])
-        _agree[key] = bool(np.array_equal(whole.view(np.uint8), split.view(np.uint8)))
+        _agree[key] = False
+        for cuts in _candidates(batch, parts):
+            split = np.concatenate([np.matmul(a[b0:b1], w) for b0, b1 in zip(cuts, cuts[1:])])
+            if np.array_equal(whole.view(np.uint8), split.view(np.uint8)):
+                _agree[key] = cuts
+                break
     return _agree[key]
 
 
@@ -250,12 +283,11 @@ def _run(loop: Any, args: tuple, dtype: Any, batch: int, hidden: int, steps: int
     path runs them)."""
     parts = _parts(batch, hidden, steps)  # before the rule sets one BLAS thread: it reads the count
     with _blas.threads_for(batch * hidden * hidden, (dtype, batch, hidden, hidden)):
-        if parts > 1 and not _rows_agree(dtype, batch, hidden, parts):
-            parts = 1
-        if parts == 1:
+        found = _rows_agree(dtype, batch, hidden, parts) if parts > 1 else False
+        if not isinstance(found, list):
             loop(*args, 0, batch)
             return
-        cuts = _cuts(batch, parts)
+        cuts = found
         if parts == 2:  # the pair's worker, kept awake between the step's jobs
             pair.run(lambda: loop(*args, 0, cuts[1]), lambda: loop(*args, cuts[1], batch))
             return
