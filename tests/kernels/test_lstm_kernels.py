@@ -212,6 +212,7 @@ def split(monkeypatch):
     monkeypatch.setattr(recurrent, "MIN_WORK", 0)
     monkeypatch.setattr(recurrent, "MIN_ROWS", 2)
     monkeypatch.setattr(_blas, "machine_busy", lambda: False)
+    monkeypatch.setattr(recurrent, "_openblas_spinning", lambda: False)  # no OpenBLAS worker spinning
     for name, loop in (("forward", recurrent._lstm_forward), ("backward", recurrent._lstm_backward)):
 
         def spy(*args, _loop=loop, _name=name):

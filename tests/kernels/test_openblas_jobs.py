@@ -14,6 +14,7 @@ import platform
 import subprocess
 import sys
 import textwrap
+import types
 
 import numpy as np
 import pytest
@@ -38,7 +39,10 @@ def _run(code: str, **env: str) -> str:
 
 PRELUDE = """
     import os, threading, numpy as np
+    from everyo import _blas
     from everyo.kernels import _native, pair
+
+    _blas.machine_busy = lambda: False  # the callback is OpenBLAS's only while the machine is quiet
 
     def operand(rng, shape, dtype, layout):
         a = rng.standard_normal(shape).astype(dtype)
@@ -69,14 +73,15 @@ def test_openblas_jobs_on_the_pair_have_openblas_own_bits():
     cases = products(0)
     want = [x @ y for x, y in cases]  # OpenBLAS's own two threads
     assert pair.install_jobs() and pair.jobs_on_pair()
+    pair.run(lambda: None, lambda: None)  # returns with the worker in its loop, free for OpenBLAS's jobs
     worker = pair._get()
-    jobs = worker.ctrl[pair._JOBS]
+    jobs, spare = worker.ctrl[pair._JOBS], worker.ctrl[pair._SPARE]
     got = [x @ y for x, y in cases]
     bad = [(x.shape, y.shape, x.dtype.name) for (x, y), g, w in zip(cases, got, want) if not same(g, w)]
     assert not bad, bad
     served = worker.ctrl[pair._JOBS] - jobs
-    print("served", served, "spare", worker.ctrl[pair._SPARE])
-    assert served >= len(cases) // 2  # the worker ran the second jobs (spare: it was still starting)
+    print("served", served, "spare", worker.ctrl[pair._SPARE] - spare)
+    assert served >= len(cases) and worker.ctrl[pair._SPARE] == spare  # every second job on the worker
     """
     )
     assert out.startswith("served")
@@ -102,15 +107,21 @@ def test_jobs_run_on_threads_of_their_own_where_the_worker_is_not_free():
     worker = pair._get()
 
     # 1. the worker busy with a job of Python's, which waits for the caller's product
-    made, release = {}, threading.Event()
+    made, started, release = {}, threading.Event(), threading.Event()
     spare = worker.ctrl[pair._SPARE]
 
+    def theirs():
+        started.set()
+        release.wait(120)
+
     def mine():
+        assert started.wait(120)  # the worker has taken its job of Python's
         made["z"] = x @ y
         release.set()
 
-    pair.run(mine, lambda: release.wait(120))
-    assert same(made["z"], want2) and worker.ctrl[pair._SPARE] == spare + 1
+    pair.run(mine, theirs)
+    assert same(made["z"], want2)
+    assert worker.ctrl[pair._SPARE] == spare + 1
 
     # 2. three jobs
     set_threads(3)
@@ -194,7 +205,10 @@ def test_a_training_loop_with_jobs_on_the_pair_matches_the_numpy_path():
     # own threads): the same bits. The first process must have sent OpenBLAS's jobs to the pair.
     code = """
     import hashlib, numpy as np, everyo as eo
+    from everyo import _blas
     from everyo.kernels import pair  # importable in both processes; only registered where kernels are on
+
+    _blas.machine_busy = lambda: False  # the callback is OpenBLAS's only while the machine is quiet
 
     class Net(eo.Module):
         def __init__(self):
@@ -229,6 +243,7 @@ def test_a_training_loop_with_jobs_on_the_pair_matches_the_numpy_path():
 
 def test_install_only_on_two_blas_threads(monkeypatch):
     monkeypatch.setattr(pair, "_callback", None)
+    monkeypatch.setattr(pair, "_set", False)
     set_calls = []
     monkeypatch.setattr(_native, "_set_callback", lambda address: set_calls.append(address))
     for threads in (1, 3, 4):
@@ -250,3 +265,18 @@ def test_a_large_product_through_core_installs_the_jobs_and_is_not_split(monkeyp
     out = np.empty((256, 512), np.float32)
     assert not pair.split_matmul(x, y, out)  # core makes it whole, on OpenBLAS's threads
     assert installs == [1]
+
+
+def test_openblas_gets_its_own_threads_back_while_the_machine_is_busy(monkeypatch):
+    # two jobs that wait for each other in spin loops ran slower still on the pair's threads
+    # than on OpenBLAS's own beside two CPU-bound processes; the setter is a fake here
+    calls = []
+    monkeypatch.setattr(pair, "_callback", (types.SimpleNamespace(address=1234), None))
+    monkeypatch.setattr(pair, "_set", True)
+    monkeypatch.setattr(_native, "_set_callback", lambda a: calls.append(None if a is None else a.value))
+    monkeypatch.setattr(_blas, "machine_busy", lambda: True)
+    assert not pair.install_jobs() and not pair.jobs_on_pair() and calls == [None]
+    assert not pair.install_jobs() and calls == [None]  # no change, no call
+    monkeypatch.setattr(_blas, "machine_busy", lambda: False)
+    assert pair.install_jobs() and pair.jobs_on_pair() and calls == [None, 1234]
+    assert pair._spinning() is False  # no OpenBLAS worker of its own spins now

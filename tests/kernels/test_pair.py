@@ -67,8 +67,6 @@ def test_a_worker_asleep_is_woken_by_the_next_post():
     ran = []
     pair.run(lambda: None, lambda: ran.append(1))
     assert ran == [1] and worker.ctrl[pair._WAKES] == wakes + 1
-    pair.run(lambda: None, lambda: ran.append(2))  # awake now: no wake needed
-    assert ran == [1, 2] and worker.ctrl[pair._WAKES] == wakes + 1
 
 
 def test_run_returns_only_when_the_workers_part_is_done():
@@ -179,7 +177,7 @@ def split_on(monkeypatch):
     two BLAS threads, OpenBLAS's jobs on its own workers (an OpenBLAS without the threads
     callback: install_jobs); a fresh record of checked shapes, and no settling time."""
     monkeypatch.setattr(pair, "install_jobs", lambda: False)
-    monkeypatch.setattr(pair, "_callback", None)
+    monkeypatch.setattr(pair, "jobs_on_pair", lambda: False)
     monkeypatch.setattr(pair, "awake", lambda: True)
     monkeypatch.setattr(_blas, "machine_busy", lambda: False)
     monkeypatch.setattr(pair, "blas_threads", lambda: 2)
