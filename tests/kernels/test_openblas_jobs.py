@@ -269,7 +269,7 @@ def test_a_large_product_through_core_installs_the_jobs_and_is_not_split(monkeyp
 
 def test_openblas_gets_its_own_threads_back_while_the_machine_is_busy(monkeypatch):
     # two jobs that wait for each other in spin loops ran slower still on the pair's threads
-    # than on OpenBLAS's own beside two CPU-bound processes; the setter is a fake here
+    # than on OpenBLAS's own beside four CPU-bound processes; the setter is a fake here
     calls = []
     monkeypatch.setattr(pair, "_callback", (types.SimpleNamespace(address=1234), None))
     monkeypatch.setattr(pair, "_set", True)

@@ -429,7 +429,7 @@ def install_jobs() -> bool:
 
     While the machine is busy (``_blas.machine_busy``), OpenBLAS gets its own threads back
     (:func:`_steer`; each call checks): two jobs that wait for each other in spin loops run
-    slowly where other processes take the cores, and on the AMD EPYC with two CPU-bound
+    slowly where other processes take the cores, and on the AMD EPYC with four CPU-bound
     processes beside it they ran slower still on the pair's threads than on OpenBLAS's own
     (the MLP step, six processes each: median 332 against 90 ms, both spread 39-372 ms).
     Returns True while the callback is ours."""
