@@ -379,6 +379,7 @@ def test_a_disagreeing_blas_runs_one_part(monkeypatch, split):
 def test_one_part_unless_threads_cores_and_work_allow_more(monkeypatch):
     monkeypatch.setattr(_blas, "machine_busy", lambda: False)
     monkeypatch.setattr(recurrent, "blas_threads", lambda: 2)
+    monkeypatch.setattr(recurrent, "_openblas_spinning", lambda: False)
     assert recurrent.THREADS == 2 and recurrent._parts(32, 128, 50) == 2  # the benchmark's LSTM, idle 2 cores
     monkeypatch.setattr(recurrent, "THREADS", 1)
     assert recurrent._parts(32, 128, 50) == 1  # switched off
@@ -390,6 +391,9 @@ def test_one_part_unless_threads_cores_and_work_allow_more(monkeypatch):
     assert recurrent._parts(32, 128, 50) == 1
     monkeypatch.setattr(recurrent, "blas_threads", lambda: 2)
     monkeypatch.setattr(_blas, "machine_busy", lambda: True)
+    assert recurrent._parts(32, 128, 50) == 1
+    monkeypatch.setattr(_blas, "machine_busy", lambda: False)
+    monkeypatch.setattr(recurrent, "_openblas_spinning", lambda: True)  # beside OpenBLAS's spinning worker
     assert recurrent._parts(32, 128, 50) == 1
 
 
