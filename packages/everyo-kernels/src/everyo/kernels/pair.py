@@ -447,7 +447,10 @@ def install_jobs() -> bool:
         return False
     with _install_lock:
         if _callback is None:
-            _get()
+            try:
+                _get()
+            except RuntimeError:  # no new thread now (interpreter shutdown, an atexit handler)
+                return False
             _CURRENT[_GETPID] = _sync.libc_address("getpid")
             _CURRENT[_YIELD] = _sync.libc_address("sched_yield")
             _CURRENT[_SYSCALL] = _sync.libc_address("syscall")
