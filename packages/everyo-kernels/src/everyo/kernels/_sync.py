@@ -51,19 +51,6 @@ def cycles(typingctx):
     return sig, codegen
 
 
-@intrinsic
-def fence(typingctx):
-    """A sequentially consistent fence: neither the compiler nor the CPU moves a load or
-    a store of this thread across it."""
-    sig = types.void()
-
-    def codegen(context, builder, signature, args):
-        builder.fence("seq_cst")
-        return context.get_dummy_value()
-
-    return sig, codegen
-
-
 def _word(context, builder, array_type, array, index):
     data = context.make_array(array_type)(context, builder, array).data
     return builder.gep(data, [index])
