@@ -1,33 +1,28 @@
-"""A busy machine: a training step with its large products on OpenBLAS's two threads or on one (issue 24, item 3).
+"""A busy machine: a training step with its large products on one OpenBLAS thread or on two (issue 24, item 3).
 
     python benchmarks/bench_busy_threads.py [--workloads mlp,lstm] [--rounds 3] [--steps 30] [--quiet]
+    python benchmarks/bench_busy_threads.py --cuts [--workloads mlp,lstm,encoder,cnn,gpt]
 
 Beside two CPU-bound processes (``harness.cpu_hogs``; ``--quiet``: without them),
 each mode runs ``bench_vs_torch.py``'s EveryO step for a workload alone in a fresh
-process, modes alternating (A B C A B C ..., same-framework A/B in separate
-processes, see harness.py):
+process, modes alternating (A B A B ..., same-framework A/B in separate processes,
+see harness.py):
 
-- ``landed``: as a user gets it. On a busy machine core moves a large product to one
-  BLAS thread only where one thread gives it the same bits as two
-  (``_blas._alone_same``); the others stay on OpenBLAS's two threads, and
-  everyo-kernels gives OpenBLAS its own threads back while busy (``pair._steer``).
-- ``one thread (other bits)``: every large product on one thread while busy
-  (``_alone_same`` patched to say True). **Not a mode EveryO offers**: on a CPU where
-  one thread and two give a product other bits, a result would then depend on how
-  busy the machine was. It measures what thread-count-independent product bits would
-  give a busy machine.
-- ``jobs kept on the pair``: everyo-kernels' OpenBLAS callback kept while busy
-  (``pair._steer`` patched to keep it), the design before 915fe55.
+- ``landed``: as a user gets it. Every product has one OpenBLAS thread's bits
+  (``everyo._blas``): on a busy machine a large product runs whole on one thread; on a
+  quiet one as two row parts on everyo-kernels' pair.
+- ``two threads (fifth stop)``: the large products (``_blas.SMALL_MNK`` and up) on
+  OpenBLAS's two threads, as up to the fifth stop of issue 24, where a busy machine
+  could take one thread only for the rare product whose bits one thread kept (core's
+  ``_blas.matmul`` patched; OpenBLAS's own workers, not the fifth stop's callback).
 
-Each process prints its median step (ms), and how many of the step's large products
-(distinct shape and layout) have the same bits on one thread as on two. The table
-gives, per mode, the median and the range of the per-process medians.
+Each process prints its median step (ms). The table gives, per mode, the median and
+the range of the per-process medians.
 
 ``--cuts`` prints instead, for each large product of the workloads' steps (in one
 process each, quiet), whether one BLAS thread gives it the bits of two, and which row
-cuts near the middle give the one-thread bits when each part is made on one thread
-(the ground for a design whose bits do not depend on the thread count: one thread's
-bits everywhere, two row parts on two threads where the machine is quiet).
+cuts near the middle give the one-thread bits when each part is made on one thread:
+the ground for the rule (everyo-kernels' ``pair._parts_agree`` makes the same check).
 """
 
 import argparse
@@ -42,19 +37,22 @@ from pathlib import Path
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from harness import alternate_processes, blas_info, cpu_hogs, machine_info, print_table  # noqa: E402
 
-MODES = {"landed": "landed", "one thread (other bits)": "one", "jobs kept on the pair": "keep"}
+MODES = {"landed": "landed", "two threads (fifth stop)": "two"}
 
 
 def child(mode, workload, steps):
+    import numpy as np
+
     from everyo import _blas
 
-    if mode == "one":
-        _blas._alone_same = lambda *a, **k: True  # measurement only: other bits on a busy machine
-    elif mode == "keep":
-        from everyo.kernels import pair
+    if mode == "two":
+        one_thread = _blas.matmul
 
-        steer = pair._steer
-        pair._steer = lambda on: steer(True)
+        def two_threads(x, y, out=None):
+            large = x.ndim >= 2 and y.ndim >= 2 and x.shape[-2] * x.shape[-1] * y.shape[-1] >= _blas.SMALL_MNK
+            return np.matmul(x, y, out=out) if large else one_thread(x, y, out)
+
+        _blas.matmul = two_threads
     import bench_vs_torch
 
     step = bench_vs_torch.everyo_step(workload, "float32")
@@ -65,16 +63,7 @@ def child(mode, workload, steps):
         t0 = time.perf_counter()
         step()
         times.append(time.perf_counter() - t0)
-    checked = list(_blas._alone.values())
-    print(
-        json.dumps(
-            {
-                "ms": statistics.median(times) * 1e3,
-                "checked": None if mode == "one" else [sum(checked), len(checked)],
-                "busy": _blas.machine_busy(),
-            }
-        )
-    )
+    print(json.dumps({"ms": statistics.median(times) * 1e3, "busy": _blas.machine_busy()}))
 
 
 def cut_candidates(m):
@@ -88,27 +77,28 @@ def cuts_child(workload):
 
     from everyo import _blas
 
-    shapes = {}
-    check = _blas._alone_same
+    shapes = set()
+    matmul = _blas.matmul
 
-    def recording(*key):
-        shapes[key] = check(*key)
-        return shapes[key]
+    def recording(x, y, out=None):
+        if x.ndim == 2 and y.ndim == 2 and x.shape[0] * x.shape[1] * y.shape[1] >= _blas.SMALL_MNK:
+            shapes.add((x.dtype.str, *x.shape, y.shape[1], _layout(x), _layout(y)))
+        return matmul(x, y, out)
 
-    _blas._alone_same = recording
+    _blas.matmul = recording
     import bench_vs_torch
 
     step = bench_vs_torch.everyo_step(workload, "float32")
     step()
     step()
     rows = []
-    for key, same in shapes.items():
-        dtype, m, k, n, x_layout, y_layout = key
+    for dtype, m, k, n, x_layout, y_layout in sorted(shapes):
         rng = np.random.default_rng(0)
         x = rng.standard_normal((m, k)).astype(dtype)
         y = rng.standard_normal((k, n)).astype(dtype)
         x = x if x_layout == "C" else np.asfortranarray(x)
         y = y if y_layout == "C" else np.asfortranarray(y)
+        two = x @ y
         agree = []
         with _blas.single_thread():
             alone = x @ y
@@ -117,8 +107,13 @@ def cuts_child(workload):
                 np.matmul(x[:c], y, out=parts[:c])
                 np.matmul(x[c:], y, out=parts[c:])
                 agree.append([c, bool(np.array_equal(parts.view(np.uint8), alone.view(np.uint8)))])
-        rows.append([f"({m}, {k}) @ ({k}, {n}) {x_layout}{y_layout}", bool(same), agree])
+        same = bool(np.array_equal(two.view(np.uint8), alone.view(np.uint8)))
+        rows.append([f"({m}, {k}) @ ({k}, {n}) {x_layout}{y_layout}", same, agree])
     print(json.dumps(rows))
+
+
+def _layout(a):
+    return "C" if a.flags.c_contiguous else "F" if a.flags.f_contiguous else "other"
 
 
 def main():
@@ -178,13 +173,12 @@ def main():
                     name,
                     statistics.median(ms),
                     f"{min(ms):.3g}-{max(ms):.3g}",
-                    "not checked" if runs[0]["checked"] is None else "{} of {}".format(*runs[0]["checked"]),
                     sum(r["busy"] for r in runs),
                 ]
             )
     print_table(
         f"Median step time (ms) per process, {where}",
-        ["workload", "mode", "median ms", "range ms", "1-thread bits = 2-thread", "processes busy at end"],
+        ["workload", "mode", "median ms", "range ms", "processes busy at end"],
         rows,
     )
 

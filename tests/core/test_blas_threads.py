@@ -1,4 +1,4 @@
-"""One BLAS thread for small products and on a busy machine (everyo._blas)."""
+"""One OpenBLAS thread's bits for every product, quiet or busy (everyo._blas)."""
 
 import os
 import threading
@@ -51,11 +51,10 @@ def test_products_are_numpys_and_the_thread_count_is_restored(shape):
     y = rng.standard_normal((*lead, k, n)).astype(np.float32)
     found = _blas._find()
     before = found[0]() if found else None
-    # NumPy's product on the threads core's rule gives it: one for a small product. On
-    # OpenBLAS's Haswell kernels (an AMD EPYC) one and two threads give some shapes other
-    # bits, so the rule's count is part of the result (the same whatever the machine's load).
-    small = _blas.OPENBLAS_SINGLE <= m * k * n < _blas.SMALL_MNK
-    if small and found:
+    # NumPy's product on one OpenBLAS thread: core's rule for every product OpenBLAS would
+    # split (on OpenBLAS's Haswell kernels, an AMD EPYC, one and two threads give most shapes
+    # other bits, so the count is part of the result, the same whatever the machine's load).
+    if m * k * n >= _blas.OPENBLAS_SINGLE and found:
         threadpoolctl = pytest.importorskip("threadpoolctl")
         with threadpoolctl.threadpool_limits(1):
             want = np.matmul(x, y)
@@ -155,8 +154,6 @@ def test_a_fork_child_gives_back_a_hold_whose_thread_it_does_not_have(fake_openb
 
 @pytest.fixture
 def fresh_checks(monkeypatch):
-    monkeypatch.setattr(_blas, "_alone", {})
-    monkeypatch.setattr(_blas, "SMALL_MNK", 1 << 23)
     # the thread rule alone: with everyo-kernels, a large product may go to its pair of
     # threads first (tests/kernels/test_pair.py), whose own check takes holds too
     get = _blas.kernel_table.get
@@ -165,9 +162,9 @@ def fresh_checks(monkeypatch):
 
 @pytest.mark.parametrize("shape", [(500, 500, 500), (100, 3000, 100), (256, 700, 301)])
 def test_a_busy_machine_gives_the_quiet_machines_bits(fresh_checks, monkeypatch, shape):
-    # OpenBLAS 0.3.31 blocks k differently on one thread than on two for some shapes
-    # (these three on its SkylakeX kernels): the busy rule must keep those on the
-    # threads the quiet machine uses, so the result is the same whatever the load.
+    # OpenBLAS 0.3.31 gives these shapes other bits on one thread than on two (on its
+    # SkylakeX kernels; on the Haswell kernels almost every shape): a product has one
+    # thread's bits whether the machine is busy or not.
     m, k, n = shape
     rng = np.random.default_rng(m + k + n)
     x, y = rng.standard_normal((m, k)).astype(np.float32), rng.standard_normal((k, n)).astype(np.float32)
@@ -184,13 +181,13 @@ def test_a_busy_machine_gives_the_quiet_machines_bits(fresh_checks, monkeypatch,
     assert np.array_equal(_blas.matmul(xf, y).view(np.uint32), quiet.view(np.uint32))
 
 
-def _thread_dependent_matmul(monkeypatch, state, differs):
-    """np.matmul of a BLAS whose bits change with its thread count (when ``differs``)."""
+def _thread_dependent_matmul(monkeypatch, state):
+    """np.matmul of a BLAS whose bits change with its thread count."""
     real = np.matmul
 
     def fake(a, b, out=None):
         r = real(a, b)
-        if differs and state["count"] > 1:
+        if state["count"] > 1:
             r = r * (1 + np.finfo(r.dtype).eps)
         if out is None:
             return r
@@ -200,52 +197,28 @@ def _thread_dependent_matmul(monkeypatch, state, differs):
     monkeypatch.setattr(_blas.np, "matmul", fake)
 
 
-@pytest.mark.parametrize("differs", [True, False])
-def test_the_check_decides_whether_a_busy_machine_takes_one_thread(fake_openblas, fresh_checks, monkeypatch, differs):
-    _thread_dependent_matmul(monkeypatch, fake_openblas, differs)
-    monkeypatch.setattr(_blas, "machine_busy", lambda: True)
-    seen = []
-    real_set_one = _blas._set_one
-    monkeypatch.setattr(_blas, "_set_one", lambda: (seen.append(fake_openblas["count"]), real_set_one())[1])
-    x, y = np.ones((256, 256), np.float32), np.ones((256, 256), np.float32)  # m * n * k = 2^24, large
-    _blas.matmul(x, y)
-    key = ("<f4", 256, 256, 256, "C", "C", 2)
-    assert _blas._alone == {key: not differs}
-    # the check's own one-thread product takes a hold; the product then takes one only where the bits agree
-    assert len(seen) == (1 if differs else 2)
-    assert fake_openblas["count"] == 2  # restored
+@pytest.mark.parametrize("busy", [False, True])
+@pytest.mark.parametrize("shape", [(256, 256, 256), (32, 128, 512), (3, 128, 64, 128)])
+def test_every_product_openblas_would_split_takes_one_thread(fake_openblas, fresh_checks, monkeypatch, busy, shape):
+    _thread_dependent_matmul(monkeypatch, fake_openblas)
+    monkeypatch.setattr(_blas, "machine_busy", lambda: busy)
+    *lead, m, k, n = shape
+    x, y = np.ones((*lead, m, k), np.float32), np.ones((*lead, k, n), np.float32)
+    got = _blas.matmul(x, y)
+    assert (got == k).all()  # the one-thread bits of the fake BLAS (two threads: k * (1 + eps))
+    assert fake_openblas["puts"] == [1, 2] and fake_openblas["count"] == 2  # held, then restored
+    small = np.ones((32, 64), np.float32), np.ones((64, 64), np.float32)  # OpenBLAS's one thread anyway
+    _blas.matmul(*small)
+    assert fake_openblas["puts"] == [1, 2]  # no call made
 
 
-def test_the_check_is_made_at_a_shapes_first_large_product_and_at_most_max_checked(
-    fake_openblas, fresh_checks, monkeypatch
-):
-    # Made while the machine is still quiet where it can be (a check made once busy ran
-    # its product on OpenBLAS's threads beside the other processes), once per shape.
-    monkeypatch.setattr(_blas, "machine_busy", lambda: False)
-    x = np.ones((256, 256), np.float32)
-    _blas.matmul(x, x)
-    assert list(_blas._alone) == [("<f4", 256, 256, 256, "C", "C", 2)]
-    probes = []
-    monkeypatch.setattr(_blas, "single_thread", lambda: probes.append(1) or _blas.contextlib.nullcontext())
-    _blas.matmul(x, x)
-    assert probes == []  # known: not checked again
-    _blas.matmul(np.ones((300, 300), np.float32), np.ones((300, 300), np.float32))
-    assert len(_blas._alone) == 2 and probes == [1]
-    _blas.matmul(np.ones((100, 100), np.float32), x[:100, :100])  # small: one thread anyway, no check
-    assert len(_blas._alone) == 2
-    monkeypatch.setattr(_blas, "MAX_CHECKED", 2)
-    assert not _blas._alone_same(np.dtype(np.float32), 400, 400, 400)  # past the cap: keep BLAS's threads
-    assert len(_blas._alone) == 2
-    assert _blas._alone_same(np.dtype(np.int64), 400, 400, 400)  # NumPy's own loop: no BLAS threads
-
-
-def test_threads_for_checks_the_products_it_is_told(fake_openblas, fresh_checks, monkeypatch):
-    _thread_dependent_matmul(monkeypatch, fake_openblas, True)
-    monkeypatch.setattr(_blas, "machine_busy", lambda: True)
+def test_threads_for_holds_one_thread_for_products_openblas_would_split(fake_openblas):
     with _blas.threads_for(1 << 24, (np.float32, 256, 256, 256)):
-        assert fake_openblas["count"] == 2  # one thread would change the bits: kept
-    with _blas.threads_for(1 << 24):  # an older everyo-kernels: no shape, the plain rule
         assert fake_openblas["count"] == 1
+    with _blas.threads_for(1 << 24):  # an older everyo-kernels: no shape, the same rule
+        assert fake_openblas["count"] == 1
+    with _blas.threads_for(_blas.OPENBLAS_SINGLE - 1):  # OpenBLAS's one thread anyway: nothing set
+        assert fake_openblas["count"] == 2
     assert fake_openblas["count"] == 2
 
 
@@ -367,7 +340,8 @@ def test_small_products_and_no_openblas_take_no_side(fake_openblas, monkeypatch)
 
 
 def test_a_product_beside_a_hold_keeps_its_bits_with_the_real_blas():
-    # (500, 500) @ (500, 500): other bits on one OpenBLAS 0.3.31 thread than on two (above).
+    # (500, 500) @ (500, 500): other bits on one OpenBLAS 0.3.31 thread than on two (above); a
+    # call on OpenBLAS's threads beside another thread's hold keeps two threads' bits.
     rng = np.random.default_rng(0)
     x, y = (rng.standard_normal((500, 500)).astype(np.float32) for _ in range(2))
     alone = np.matmul(x, y)
@@ -381,9 +355,10 @@ def test_a_product_beside_a_hold_keeps_its_bits_with_the_real_blas():
 
     beside = np.empty_like(alone)
 
-    def product():
+    def product():  # a call EveryO leaves on OpenBLAS's threads (einsum's, QR's)
         holding.wait()
-        _blas.matmul(x, y, beside)
+        with _blas.wide(x.shape[0] * x.shape[1] * y.shape[1]):
+            np.matmul(x, y, out=beside)
 
     _run_together(hold, product)
     assert np.array_equal(beside.view(np.uint32), alone.view(np.uint32))

@@ -170,13 +170,10 @@ def test_nothing_is_split_where_the_pair_does_not_own_the_second_core(forced, mo
 def test_the_pair_owns_the_second_core_only_on_two_blas_threads_when_not_busy(monkeypatch, threads, busy, owns):
     monkeypatch.setattr(pair, "blas_threads", lambda: threads)
     monkeypatch.setattr(_blas, "machine_busy", lambda: busy)
-    monkeypatch.setattr(pair, "jobs_on_pair", lambda: False)  # OpenBLAS's jobs on its own workers
     monkeypatch.setattr(_blas, "openblas_spinning", lambda: False)
     assert pair.owns_second_core() is owns
-    monkeypatch.setattr(_blas, "openblas_spinning", lambda: True)  # a product just woke OpenBLAS's worker
+    monkeypatch.setattr(_blas, "openblas_spinning", lambda: True)  # an einsum just woke OpenBLAS's worker
     assert not pair.owns_second_core()
-    monkeypatch.setattr(pair, "jobs_on_pair", lambda: True)  # OpenBLAS's jobs on the pair: no worker of its own spins
-    assert pair.owns_second_core() is owns
 
 
 def _cnn_step(seed):

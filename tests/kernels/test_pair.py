@@ -174,15 +174,11 @@ def test_an_lstm_in_an_atexit_handler_still_runs():
 @pytest.fixture
 def split_on(monkeypatch):
     """The conditions that make split_matmul split: the worker awake, the machine not busy,
-    two BLAS threads, OpenBLAS's jobs on its own workers (an OpenBLAS without the threads
-    callback: install_jobs); a fresh record of checked shapes, and no settling time."""
-    monkeypatch.setattr(pair, "install_jobs", lambda: False)
-    monkeypatch.setattr(pair, "jobs_on_pair", lambda: False)
+    two BLAS threads, no OpenBLAS worker spinning; a fresh record of checked shapes."""
     monkeypatch.setattr(pair, "awake", lambda: True)
     monkeypatch.setattr(_blas, "machine_busy", lambda: False)
     monkeypatch.setattr(pair, "blas_threads", lambda: 2)
     monkeypatch.setattr(pair, "_agree", {})
-    monkeypatch.setattr(pair, "SETTLE_S", 0.0)
     monkeypatch.setattr(_blas, "openblas_spinning", lambda: False)
 
 
@@ -191,31 +187,48 @@ def _matrix(rng, shape, dtype, layout):
     return a if layout == "C" else np.asfortranarray(a)
 
 
+def _one_thread(x, y):
+    """The product as core defines it: on one OpenBLAS thread."""
+    with _blas.single_thread():
+        return np.matmul(x, y)
+
+
 @pytest.mark.parametrize(
     ("m", "k", "n", "x_layout", "dtype"),
     [
-        (1600, 33, 512, "C", np.float32),  # the benchmark LSTM's input projection: by rows
-        (128, 1600, 512, "F", np.float32),  # W_hh's gradient, prev.T @ d: by columns
+        (1600, 33, 512, "C", np.float32),  # the benchmark LSTM's input projection
+        (128, 1600, 512, "F", np.float32),  # W_hh's gradient, prev.T @ d
         (33, 1600, 512, "F", np.float32),  # W_ih's (and the bias row's) gradient
+        (4096, 64, 128, "C", np.float32),  # the seed MLP's first layer
         (1601, 37, 301, "C", np.float32),  # odd sizes, no SIMD width divides them
         (64, 700, 301, "F", np.float32),  # K between one and two of OpenBLAS's K blocks
         (512, 300, 64, "C", np.float64),
     ],
 )
-def test_split_products_have_the_bits_of_matmul(split_on, m, k, n, x_layout, dtype):
+def test_split_products_have_the_bits_of_one_thread(split_on, m, k, n, x_layout, dtype):
     rng = np.random.default_rng(m + k + n)
     x, y = _matrix(rng, (m, k), dtype, x_layout), _matrix(rng, (k, n), dtype, "C")
-    want = np.matmul(x, y)  # as core computes it (BLAS's threads as set)
+    want = _one_thread(x, y)
     out = np.full((m, n), np.nan, dtype)
-    assert not pair.split_matmul(x, y, out)  # a shape's first product: checked, left to core
-    assert np.isnan(out).all()
-    did = pair.split_matmul(x, y, out)
+    did = pair.split_matmul(x, y, out)  # a shape's first product: checked, then split where a cut agrees
     key = (np.dtype(dtype).name, m, k, n, x_layout, "C", 2)
-    assert did == pair._agree[key]  # split exactly where its check found the parts' bits equal
+    cut = pair._agree[key]
+    assert did == bool(cut)  # split exactly where its check found a cut
     if did:
+        assert cut in pair._row_cuts(m)
+        assert np.array_equal(out.view(np.uint8), want.view(np.uint8))
+        out[...] = np.nan
+        assert pair.split_matmul(x, y, out)  # and again, without a new check
         assert np.array_equal(out.view(np.uint8), want.view(np.uint8))
     else:
         assert np.isnan(out).all()  # nothing written: core then runs its own product
+
+
+def test_the_row_cuts_tried_are_the_even_one_then_multiples_of_8_nearest_the_middle():
+    assert pair._row_cuts(4096) == [2048, 2040, 2056, 2032, 2064, 2024, 2072, 2016]
+    assert pair._row_cuts(33) == [16, 24, 8]  # nearest the middle (16.5) first; each part at least MIN_ROWS rows
+    assert pair._row_cuts(128)[:4] == [64, 56, 72, 48]
+    assert all(pair.MIN_ROWS <= c <= 1601 - pair.MIN_ROWS for c in pair._row_cuts(1601))
 
 
 def test_the_check_finds_a_blas_whose_parts_differ(split_on, monkeypatch):
@@ -232,126 +245,81 @@ def test_the_check_finds_a_blas_whose_parts_differ(split_on, monkeypatch):
     x, y = np.ones((1600, 33), np.float32), np.ones((33, 512), np.float32)
     out = np.zeros((1600, 512), np.float32)
     assert not pair.split_matmul(x, y, out)
-    assert pair._agree == {("float32", 1600, 33, 512, "C", "C", 2): False}
+    assert pair._agree == {("float32", 1600, 33, 512, "C", "C", 2): 0}
     assert not pair.split_matmul(x, y, out)  # known to differ: never split
     assert not out.any()
 
 
-# The tests below that need a split use 1536 rows: the halves' cut (768) is a multiple of the
+# The tests below that need a split use 1536 rows: the even cut (768) is a multiple of the
 # rows OpenBLAS's float32 kernels make at a time on Intel (SkylakeX, 16) and on AMD (Haswell
-# kernels, 12, counted from a range's first row), so the halves have the whole product's bits on
-# both; 1600 rows (a cut at 800) gave other bits on an AMD EPYC, where the split is then, rightly,
-# not made.
+# kernels, 24), so the parts have the whole one-thread product's bits on both.
 def test_no_split_unless_every_condition_holds(split_on, monkeypatch):
     rng = np.random.default_rng(3)
     x, y = rng.standard_normal((1536, 33)).astype(np.float32), rng.standard_normal((33, 512)).astype(np.float32)
     out = np.empty((1536, 512), np.float32)
     cases = [
-        (x[:8], y, out[:8]),  # small: stays on one thread under core's rule anyway
+        (x[:8], y, out[:8]),  # small
         (x, y.astype(np.float64), out),  # mixed dtypes
         (x.astype(np.float16), y.astype(np.float16), np.zeros((1536, 512), np.float16)),
         (x, y, np.empty((512, 1536), np.float32).T),  # out not C-contiguous
         (x[::2], y, out[:768]),  # rows of x neither C- nor F-contiguous
-        (np.ones((20, 8 * 1024 * 1024 // 20 // 512 + 1), np.float32), np.ones((420, 20), np.float32), out[:20, :20]),
+        (np.ones((15, 8 * 1024 * 1024 // 15 // 512 + 1), np.float32), np.ones((560, 512), np.float32), out[:15]),
     ]
     for a, b, o in cases:
         assert not pair.split_matmul(a, b, o), (a.shape, b.shape, a.dtype)
-    assert not pair.split_matmul(x, y, out)  # the shape's first product: checked
-    assert pair.split_matmul(x, y, out)  # all conditions hold
+    assert pair._agree == {}  # none of them was checked
+    assert pair.split_matmul(x, y, out)  # all conditions hold: checked, split
+    assert pair._agree == {("float32", 1536, 33, 512, "C", "C", 2): 768}
     with monkeypatch.context() as m:
         m.setattr(pair, "awake", lambda: False)
         assert pair.split_matmul(x, y, out)  # two BLAS threads: the pair owns the second core
         m.setattr(pair, "blas_threads", lambda: 4)
-        assert not pair.split_matmul(x, y, out)  # four, and no scan just ran: OpenBLAS's threads
+        assert not pair.split_matmul(x, y, out)  # four, and no scan just ran: whole, on one thread
         m.setattr(pair, "awake", lambda: True)
-        assert not pair.split_matmul(x, y, out)  # right after a scan, as before: a new key, checked
-        assert pair.split_matmul(x, y, out)
+        assert pair.split_matmul(x, y, out)  # right after a scan: a new key, checked, split
     with monkeypatch.context() as m:
         m.setattr(pair, "blas_threads", lambda: 1)
         assert not pair.split_matmul(x, y, out)
     with monkeypatch.context() as m:
         m.setattr(_blas, "machine_busy", lambda: True)
         assert not pair.split_matmul(x, y, out)
+    with monkeypatch.context() as m:
+        m.setattr(_blas, "openblas_spinning", lambda: True)  # an einsum just woke OpenBLAS's worker
+        assert not pair.split_matmul(x, y, out)
+    assert np.array_equal(out.view(np.uint8), _one_thread(x, y).view(np.uint8))
 
 
-def test_a_narrow_product_is_split_along_its_long_side(split_on):
+def test_a_narrow_product_is_split_by_rows_where_it_has_enough(split_on):
     # the first convolution's weight gradient, g.T @ columns: (32, N) @ (N, 9)
     rng = np.random.default_rng(5)
     g, cols = rng.standard_normal((40000, 32)).astype(np.float32), rng.standard_normal((40000, 9)).astype(np.float32)
-    want = np.matmul(g.T, cols)
+    want = _one_thread(g.T, cols)
     out = np.full((32, 9), np.nan, np.float32)
-    assert not pair.split_matmul(g.T, cols, out)  # checked
-    assert pair.split_matmul(g.T, cols, out) == pair._agree[("float32", 32, 40000, 9, "F", "C", 2)]
-    if pair._agree[("float32", 32, 40000, 9, "F", "C", 2)]:
+    did = pair.split_matmul(g.T, cols, out)
+    assert did == bool(pair._agree[("float32", 32, 40000, 9, "F", "C", 2)])
+    if did:
         assert np.array_equal(out.view(np.uint8), want.view(np.uint8))
-    narrow = np.empty((12, 9), np.float32)  # no side of 16 or more: whole
+    narrow = np.empty((12, 9), np.float32)  # fewer than 2 * MIN_ROWS rows: whole
     assert not pair.split_matmul(g[:, :12].T.copy(), cols, narrow)
 
 
-def test_a_spinning_openblas_worker_is_waited_for_once_per_checked_shape(split_on, monkeypatch):
-    spinning = [True]
-    slept = []
-
-    def sleep(seconds):  # a wait ends when OpenBLAS's worker settles
-        slept.append(seconds)
-        spinning[0] = False
-
-    monkeypatch.setattr(pair.time, "sleep", sleep)
-    monkeypatch.setattr(pair, "SETTLE_S", 3600.0)  # the longest wait (the fake sleep ends it at once)
-    monkeypatch.setattr(_blas, "openblas_spinning", lambda: spinning[0])
-    monkeypatch.setattr(pair, "_waits", 0)
-    rng = np.random.default_rng(6)
-    x, y = rng.standard_normal((1536, 33)).astype(np.float32), rng.standard_normal((33, 512)).astype(np.float32)
-    out = np.full((1536, 512), np.nan, np.float32)
-    key = ("float32", 1536, 33, 512, "C", "C", 2)
-    assert not pair.split_matmul(x, y, out) and pair._waits == 1  # checked: one wait granted
-    assert pair._agree[key], "this BLAS gives the halves other bits: nothing below would split"
-    assert pair.split_matmul(x, y, out) and len(slept) == 1 and pair._waits == 0  # waited, then split
-    assert np.array_equal(out.view(np.uint8), np.matmul(x, y).view(np.uint8))
-    spinning[0] = True  # another product woke it again, no wait left: core makes this one
-    out[...] = np.nan
-    assert not pair.split_matmul(x, y, out) and np.isnan(out).all() and len(slept) == 1
-    assert not pair.owns_second_core()  # no halves either while it spins
-    spinning[0] = False
-    assert pair.split_matmul(x, y, out) and pair.owns_second_core()
-
-
-def test_no_wait_for_a_worker_the_programs_own_product_woke(split_on, monkeypatch):
-    # a shape whose halves have other bits runs on OpenBLAS's threads in every step: waiting
-    # SETTLE_S for the worker it wakes would cost every step that long (a CNN step on an AMD
-    # EPYC: 71 -> 264 ms); only a check's own product is waited for
-    spinning = [True]
-    slept = []
-    monkeypatch.setattr(pair.time, "sleep", lambda seconds: slept.append(seconds))
-    monkeypatch.setattr(_blas, "openblas_spinning", lambda: spinning[0])
-    monkeypatch.setattr(pair, "_waits", 0)
-    rng = np.random.default_rng(6)
-    x, y = rng.standard_normal((1536, 33)).astype(np.float32), rng.standard_normal((33, 512)).astype(np.float32)
-    out = np.full((1536, 512), np.nan, np.float32)
-    assert not pair.split_matmul(x, y, out) and pair._waits == 1  # checked: one wait granted
-    assert pair._agree[("float32", 1536, 33, 512, "C", "C", 2)], "this BLAS gives the halves other bits"
-    _blas._woke()  # the program's own product on OpenBLAS's threads, after the check
-    assert not pair.split_matmul(x, y, out) and np.isnan(out).all()  # left to core, at once
-    assert slept == [] and pair._waits == 1  # no wait, and none used up
-    spinning[0] = False
-    assert pair.split_matmul(x, y, out)
-    assert np.array_equal(out.view(np.uint8), np.matmul(x, y).view(np.uint8))
-
-
-def test_core_counts_its_products_on_openblas_threads():
+def test_core_counts_its_calls_on_openblas_threads():
     before = _blas.openblas_wakes()
     _blas._woke()
     assert _blas.openblas_wakes() == before + 1
 
 
-def test_core_notes_its_products_on_openblas_threads(monkeypatch):
+def test_core_makes_no_product_on_openblas_threads(monkeypatch):
     threadpoolctl = pytest.importorskip("threadpoolctl")
-    monkeypatch.setattr(_blas, "machine_busy", lambda: False)  # busy, the product would take one thread
+    monkeypatch.setattr(_blas, "machine_busy", lambda: False)
     monkeypatch.setattr(_blas, "_spin_until", 0.0)
     x = np.ones((512, 512), np.float32)
     with threadpoolctl.threadpool_limits(2):
+        _blas.matmul(np.stack([x, x]), np.stack([x, x]))  # batched, each product large: one thread
+        _blas.matmul(x, x)
         assert not _blas.openblas_spinning()
-        _blas.matmul(np.stack([x, x]), np.stack([x, x]))  # batched, each product large: on OpenBLAS's threads
+        with _blas.wide(_blas.OPENBLAS_SINGLE):  # einsum's and QR's calls still run there
+            np.matmul(x, x)
         assert _blas.openblas_spinning()
 
 
@@ -359,7 +327,7 @@ def test_at_most_max_shapes_are_checked(split_on, monkeypatch):
     monkeypatch.setattr(pair, "MAX_SHAPES", 2)
     rng = np.random.default_rng(4)
     did = []
-    for m in (1600, 1601, 1602):
+    for m in (1536, 1537, 1538):
         x, y = rng.standard_normal((m, 33)).astype(np.float32), rng.standard_normal((33, 512)).astype(np.float32)
         did.append(pair.split_matmul(x, y, np.empty((m, 512), np.float32)))
     assert len(pair._agree) == 2 and not did[2]
@@ -382,7 +350,6 @@ def test_lstm_training_steps_on_the_pair_match_the_numpy_path(monkeypatch):
     monkeypatch.setattr(pair, "blas_threads", lambda: 2)
     monkeypatch.setattr(pair, "awake", lambda: True)
     monkeypatch.setattr(pair, "_agree", {})
-    monkeypatch.setattr(pair, "SETTLE_S", 0.0)
 
     def train(steps=3):
         eo.manual_seed(0)
@@ -407,26 +374,77 @@ def test_lstm_training_steps_on_the_pair_match_the_numpy_path(monkeypatch):
     assert calls["lstm_forward_scan"] == 3 and calls["split_matmul"] >= 3 * 3
 
 
-@pytest.mark.parametrize("route", ["matmul", "matmul_as_is"])
-def test_core_offers_its_large_products_to_the_pair_without_an_out_array(split_on, monkeypatch, route):
+def test_a_users_model_has_the_same_bits_quiet_busy_and_on_one_blas_thread(monkeypatch):
+    # The rule's point: a custom model's training (its own forward and activation, LayerNorm,
+    # AdamW) ends with the same bits whether its large products were split over the pair (quiet),
+    # made whole on one thread (busy), or OpenBLAS was set to one thread by the program.
+    threadpoolctl = pytest.importorskip("threadpoolctl")
+    monkeypatch.setattr(pair, "awake", lambda: True)
+    monkeypatch.setattr(pair, "blas_threads", lambda: 2)
+    monkeypatch.setattr(_blas, "openblas_spinning", lambda: False)
+
+    class Net(eo.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.norm, self.b = eo.Linear(96, 256), eo.LayerNorm(256), eo.Linear(256, 40)
+
+        def forward(self, x):
+            h = self.norm(self.a(x))
+            return self.b(h * eo.sigmoid(1.5 * h))  # the user's own activation
+
+    def train(busy):
+        monkeypatch.setattr(_blas, "machine_busy", lambda: busy)
+        monkeypatch.setattr(pair, "_agree", {})
+        eo.manual_seed(1)
+        net = Net()
+        rng = np.random.default_rng(2)
+        x = eo.tensor(rng.standard_normal((1536, 96), dtype=np.float32))
+        y = eo.tensor(rng.standard_normal((1536, 40), dtype=np.float32))
+        opt = eo.AdamW(net.parameters(), lr=1e-3)
+        for _ in range(3):
+            loss = eo.mean((net(x) - y) ** 2)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        return [p.data.copy() for p in net.parameters()]
+
+    with threadpoolctl.threadpool_limits(2):
+        calls = count_calls(monkeypatch, ("split_matmul",))
+        split = pair.run
+        halves = []
+        monkeypatch.setattr(pair, "run", lambda mine, theirs: halves.append(1) or split(mine, theirs))
+        quiet = train(False)
+        made_in_parts = len(halves)
+        busy = train(True)
+    with threadpoolctl.threadpool_limits(1):
+        one = train(False)
+    with kernel_table.disabled(), threadpoolctl.threadpool_limits(2):
+        reference = train(False)
+    assert calls["split_matmul"] > 0 and made_in_parts > 0  # products were split over the pair
+    for q, b, o, r in zip(quiet, busy, one, reference):
+        for got in (q, b, o):
+            assert np.array_equal(got.view(np.uint8), r.view(np.uint8))
+
+
+def test_core_offers_its_large_products_to_the_pair_without_an_out_array(split_on, monkeypatch):
     calls = count_calls(monkeypatch, ["split_matmul"])
     rng = np.random.default_rng(7)
     x, y = rng.standard_normal((1536, 33)).astype(np.float32), rng.standard_normal((33, 512)).astype(np.float32)
-    want = np.matmul(x, y)
-    first = getattr(_blas, route)(x, y)  # checked, made by core
-    assert calls["split_matmul"] == 1 and pair._agree[("float32", 1536, 33, 512, "C", "C", 2)]
+    want = _one_thread(x, y)
     split = pair.run
     halves = []
     monkeypatch.setattr(pair, "run", lambda mine, theirs: halves.append(1) or split(mine, theirs))
-    got = getattr(_blas, route)(x, y)  # made as two halves
-    assert calls["split_matmul"] == 2 and halves == [1]
+    first = _blas.matmul(x, y)  # checked, made as two parts
+    assert calls["split_matmul"] == 1 and pair._agree[("float32", 1536, 33, 512, "C", "C", 2)]
+    got = _blas.matmul(x, y)
+    assert calls["split_matmul"] == 2 and halves == [1, 1]
     for result in (first, got):
         assert result.shape == want.shape and result.flags.c_contiguous
         assert np.array_equal(result.view(np.uint8), want.view(np.uint8))
     monkeypatch.setattr(pair, "blas_threads", lambda: 1)  # refused: core's own product, same result
-    again = getattr(_blas, route)(x, y)
+    again = _blas.matmul(x, y)
     assert calls["split_matmul"] == 3 and np.array_equal(again.view(np.uint8), want.view(np.uint8))
-    ints = getattr(_blas, route)(np.ones((1536, 33), np.int64), np.ones((33, 512), np.int64))
+    ints = _blas.matmul(np.ones((1536, 33), np.int64), np.ones((33, 512), np.int64))
     assert calls["split_matmul"] == 3 and ints.dtype == np.int64 and (ints == 33).all()  # not offered
 
 

@@ -1,56 +1,55 @@
-"""One BLAS thread for small matrix products (issue 24, item 3).
+"""One OpenBLAS thread's bits for every matrix product (issue 24, item 3).
 
-OpenBLAS splits a product over its threads once ``m * n * k`` passes about
-262,144 and its workers spin-wait for the next call. On a machine whose cores
-are busy with other processes, a worker is often not running when its part is
-due, and the calling thread waits for it a whole scheduler slice: measured on
-2 cores shared with other jobs (load average 8-9), a (32 x 128) @ (128 x 512)
-product -- the LSTM's recurrent step -- took 5.2 ms with 2 threads against
-0.14 ms with one, and the LSTM training step 290 ms against 90 ms (wall),
-87 ms of CPU against 23 ms. Below ``SMALL_MNK`` two threads save at most a few tens of
-microseconds on an idle machine, so those products run on one thread. Larger
-ones keep OpenBLAS's threads unless the machine is busy right now
-(:func:`machine_busy`): then a worker that spins for ~0.1 s after every call
-(measured: ``python benchmarks/harness.py --gap``) takes a core the other
-processes and the caller need, and one thread is faster. But OpenBLAS does not
-always give a product the same bits on one thread as on two (it blocks ``k``
-differently: 0.3.31's SkylakeX kernels give (500, 500) @ (500, 500), (100, 3000)
-@ (3000, 100) and (40, 1500) @ (1500, 24) other bits, while the benchmarks'
-products agree), and the bits of a result must not depend on how busy the machine
-was. So a large product goes to one thread on a busy machine only where a check
-found the bits the same (:func:`_alone_same`: once per dtype, shape, layouts and
-thread count, with random operands, at the shape's first large product); other
-products keep OpenBLAS's threads, busy or not.
+OpenBLAS splits a product over its threads once ``m * n * k`` passes about 262,144,
+and its workers spin-wait for the next call. Two things follow on a 2-core machine:
 
-How: ``openblas_set_num_threads`` of the OpenBLAS that NumPy loaded (found
-on first use through /proc/self/maps, never at import; the calls threadpoolctl
-makes), set to 1 around the product and restored to the count read just
-before, so the setting is back as it was when the product returns (and a
-thread count of 1 -- a ``spawn`` worker's, ``threadpool_limits(1)`` -- is left
-alone: nothing is called). OpenBLAS keeps one count for the whole process (its
+- On a busy machine (other processes on the cores), a worker is often not running
+  when its part is due, and the calling thread waits for it whole scheduler slices:
+  a (128, 4096) @ (4096, 128) product (the seed MLP's weight gradient) took 9-168 ms
+  on two threads beside CPU-bound processes against 1-2 ms quiet, and the MLP step
+  swung between ~25 and ~240 ms from one process to the next
+  (``benchmarks/bench_busy_threads.py``). One thread does not stall that way.
+- One thread and two give many products other bits. OpenBLAS's kernels make a call's
+  rows a tile at a time from its first row (24 rows on the Haswell kernels of an AMD
+  EPYC), and its two threads cut the rows at the middle, on no such multiple: 39 of the
+  40 large products of the benchmarks' five workloads differ there. The bits of a
+  result must not depend on how busy the machine was, so a busy machine could not
+  simply take one thread.
+
+So every product here has **one OpenBLAS thread's bits**, whatever the machine's
+load and OpenBLAS's thread count: :func:`matmul` holds one OpenBLAS thread around
+each product OpenBLAS would split. Where the machine is quiet and everyo-kernels is
+installed, a large 2-D product (``SMALL_MNK`` and up) runs as two row parts on
+everyo-kernels' pair of threads, each on one OpenBLAS thread, cut where the parts
+were found to give the whole one-thread product's bits (everyo-kernels' ``pair``
+module: a multiple of the kernels' row tile; checked once per shape). Where no such
+cut is found, or the machine is busy (:func:`machine_busy`), or without
+everyo-kernels, the product runs whole on one thread. A program that sets one BLAS
+thread itself (a ``spawn`` worker, ``threadpool_limits(1)``) gets the same bits, so a
+data-parallel worker's products match a one-process run's.
+
+How: ``openblas_set_num_threads`` of the OpenBLAS that NumPy loaded (found on first
+use through /proc/self/maps, never at import; the calls threadpoolctl makes), set to
+1 around the product and restored to the count read just before, so the setting is
+back as it was when the product returns (a count of 1 is left alone: nothing is
+called). OpenBLAS keeps one count for the whole process (its
 ``openblas_set_num_threads_local`` sets that same global count), so EveryO counts
 the holds of all its threads together and the last to end restores the count
 (:func:`_set_one`); a count another thread sets while a hold is in force is
 overwritten when it ends, so set thread limits around EveryO's calls, not beside
-them. A product on OpenBLAS's threads reads that count when it starts, so one
-started in another thread while a hold is in force would run on one thread, with
-other bits for some shapes: EveryO's holds and its products on OpenBLAS's threads
-(:func:`wide`) exclude each other across threads (any number of holds at once, or
-any number of such products, never both; see :func:`_enter`). A product of the
-user's own NumPy code in another thread is not covered: it runs on the count in
-force when it starts. Where OpenBLAS is not found (another BLAS, another OS) :func:`matmul` is ``np.matmul`` and NumPy runs as configured. Set
-``SMALL_MNK = 0`` to turn the rule off.
+them. The few calls EveryO leaves on OpenBLAS's threads (einsum's contractions,
+LAPACK's QR for orthogonal initialisation: :func:`wide`) and its holds exclude each
+other across threads (any number of holds at once, or any number of such calls,
+never both; see :func:`_enter`), so a hold never gives such a call one thread midway.
+A product of the user's own NumPy code in another thread is not covered: it runs on
+the count in force when it starts, and on a 2-core machine may then run on one
+thread, with one thread's bits. Where OpenBLAS is not found (another BLAS, another
+OS) :func:`matmul` is ``np.matmul`` and NumPy runs as configured.
 
-With everyo-kernels, where OpenBLAS has exactly two threads, the first large 2-D
-product (kernel ``split_matmul``) hands OpenBLAS's parallel jobs to everyo-kernels'
-pair of threads (OpenBLAS's threads callback): the same partition and kernels as
-OpenBLAS's own threads, so the same bits, with no OpenBLAS worker left spinning. Where
-that callback is missing (OpenBLAS before 0.3.27), a large 2-D product may instead run
-as two halves (rows or columns) on two threads of EveryO's own, each on one BLAS
-thread, where the machine is not busy (or right after an LSTM scan used those
-threads), and only for shapes whose halves were found to give the whole product's
-bits (everyo-kernels' ``pair`` module). Either way, the kernels' large passes use the
-second core on the same threads (everyo-kernels' ``halves`` module).
+Before this rule (up to the fifth stop of issue 24), a large product ran on
+OpenBLAS's threads and moved to one thread on a busy machine only where a check
+found the same bits; on the AMD EPYC that was almost never, which is why item 3
+was missed there.
 """
 
 from __future__ import annotations
@@ -64,7 +63,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterator
+    from collections.abc import Iterator
 
 import numpy as np
 
@@ -80,10 +79,12 @@ __all__ = [
     "threads_for",
     "single_thread",
     "wide",
-    "matmul_as_is",
 ]
 
-SMALL_MNK = 1 << 23  # about 0.2 ms of single-thread float32 work on the development machine
+# From here a 2-D product may run as two row parts on everyo-kernels' pair (about 0.2 ms of
+# single-thread float32 work on the development machine; below it, a hand-off costs more than
+# it saves).
+SMALL_MNK = 1 << 23
 # OpenBLAS's own rule (interface/gemm.c: 65536 * GEMM_MULTITHREAD_THRESHOLD 4): at or below it,
 # one thread already, so no call is needed.
 OPENBLAS_SINGLE = 65536 * 4
@@ -272,21 +273,6 @@ def wide(mnk: int) -> Iterator[None]:
         _leave()
 
 
-def matmul_as_is(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """``np.matmul(x, y)`` on the threads OpenBLAS has now, without :func:`matmul`'s
-    thread rule (for products whose speed was measured that way), but outside other
-    threads' holds (:func:`wide`); a large 2-D product may run as everyo-kernels' two
-    halves instead (:func:`_split_product`, the same bits)."""
-    mnk = x.shape[-2] * x.shape[-1] * y.shape[-1] if x.ndim >= 2 and y.ndim >= 2 else 0
-    out = None
-    if mnk >= SMALL_MNK and x.ndim == 2 and y.ndim == 2:
-        made, out = _split_product(x, y, None)
-        if made and out is not None:  # made: out holds the product
-            return out
-    with wide(mnk):
-        return np.matmul(x, y, out=out)
-
-
 def _split_product(x: np.ndarray, y: np.ndarray, out: np.ndarray | None) -> tuple[bool, np.ndarray | None]:
     """Offer the large 2-D product ``x @ y`` to everyo-kernels' ``split_matmul`` (two
     halves on its pair of threads, each on one BLAS thread, only where they have the
@@ -335,74 +321,6 @@ def _set_one() -> bool:
     return False
 
 
-MAX_CHECKED = 64  # products _alone_same checks per process; later new ones keep BLAS's threads when busy
-_alone: dict[tuple, bool] = {}
-
-
-def _layout(a: np.ndarray) -> str:
-    """How NumPy hands a matrix (the last two axes) to BLAS: rows contiguous ("C",
-    no transpose) or columns ("F", transposed); other strides as "C"."""
-    step = a.itemsize
-    if a.strides[-1] == step or a.shape[-1] == 1:
-        return "C"
-    return "F" if a.strides[-2] == step or a.shape[-2] == 1 else "C"
-
-
-def _alone_same(dtype: np.dtype, m: int, k: int, n: int, x_layout: str = "C", y_layout: str = "C") -> bool:
-    """Whether OpenBLAS gives an (m, k) @ (k, n) product of ``dtype`` with these layouts
-    the same bits on one thread as on the threads it has now. Checked once per key with
-    random operands (OpenBLAS's blocking depends on the shape and threads, not the
-    values: where it differs, random values show it), at most ``MAX_CHECKED`` keys;
-    past that, False. True where no BLAS call or no thread change is involved."""
-    setters = _setters()
-    if dtype.kind not in "fc" or dtype.itemsize < 4 or not setters:
-        return True  # not a BLAS product (NumPy's own loop), or no OpenBLAS whose count we change
-    with _hold_lock:  # the count as no hold has set it: a hold keeps the one it found in _saved
-        threads = _saved if _held else setters[0]()
-    if threads <= 1:
-        return True
-    key = (dtype.str, m, k, n, x_layout, y_layout, threads)
-    known = _alone.get(key)
-    if known is None:
-        if len(_alone) >= MAX_CHECKED:
-            return False
-        rng = np.random.default_rng(0)
-
-        def operand(shape, layout):
-            a = rng.standard_normal(shape).astype(dtype)
-            if dtype.kind == "c":
-                a += 1j * rng.standard_normal(shape)
-            return a if layout == "C" else np.asfortranarray(a)
-
-        x, y = operand((m, k), x_layout), operand((k, n), y_layout)
-        with wide(m * k * n):
-            whole = np.matmul(x, y)
-        with single_thread():
-            alone = np.matmul(x, y)
-        known = _alone[key] = bool(np.array_equal(whole.view(np.uint8), alone.view(np.uint8)))
-    return known
-
-
-def _one_thread(mnk: int, product: Callable[[], tuple] | None = None) -> bool:
-    """Apply the thread rule to products of ``mnk`` (``m * n * k``) each: when it asks
-    for one BLAS thread, :func:`_set_one`; else False. ``product()`` gives (dtype, m,
-    k, n, x_layout, y_layout) of a large product, so the rule can check that one
-    thread gives it the same bits (:func:`_alone_same`); without it (an older
-    everyo-kernels) that is not checked."""
-    if mnk < OPENBLAS_SINGLE:
-        return False
-    if mnk < SMALL_MNK:
-        return _set_one()
-    # The check is made at a shape's first large product, busy or not: made only once
-    # busy, its product on OpenBLAS's threads leaves their worker spinning (~0.2 s) on a
-    # machine whose cores are taken (how much that costs the busy LSTM benchmark is
-    # not settled: benchmarks/README.md, "The busy LSTM, again").
-    same = True if product is None else _alone_same(*product())
-    if machine_busy() and same:
-        return _set_one()
-    return False
-
-
 def _restore() -> None:
     """End a hold of :func:`_set_one`; the last one to end puts back the count the
     first found."""
@@ -433,17 +351,13 @@ def _after_fork() -> None:
 
 
 def matmul(x: np.ndarray, y: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-    """``np.matmul(x, y, out=out)``, on one BLAS thread when each product is small
-    (``OPENBLAS_SINGLE <= m * n * k < SMALL_MNK``; below that OpenBLAS uses one anyway),
-    or when :func:`machine_busy` and one thread gives this shape the same bits
-    (:func:`_alone_same`). The first rule is part of the result: on OpenBLAS's Haswell
-    kernels (an AMD EPYC) one thread and two give some shapes other bits (its kernels make a
-    range's rows 12 at a time from the range's first row, and the threads' ranges start elsewhere), so a small product has the bits of NumPy's on one thread,
-    whatever the machine's load; a large one has those of NumPy's product on the threads
-    OpenBLAS has. With everyo-kernels a large 2-D product may be made as two
-    halves on its pair of threads (``split_matmul``), and so may a large stack of small
-    products into an ``out`` array (``split_batched``), only where the halves give the
-    same bits."""
+    """``np.matmul(x, y, out=out)`` with one OpenBLAS thread's bits (the module's rule):
+    on one BLAS thread where OpenBLAS would split a product (``m * n * k`` from
+    ``OPENBLAS_SINGLE``; below it OpenBLAS uses one anyway). With everyo-kernels a large
+    2-D product may be made as two row parts on its pair of threads (``split_matmul``),
+    and a large stack of small products into an ``out`` array as two halves of the stack
+    (``split_batched``), each part on one BLAS thread and only where the parts give the
+    whole one-thread product's bits."""
     if x.ndim >= 2 and y.ndim >= 2:
         mnk = x.shape[-2] * x.shape[-1] * y.shape[-1]
         if mnk >= OPENBLAS_SINGLE:
@@ -451,18 +365,11 @@ def matmul(x: np.ndarray, y: np.ndarray, out: np.ndarray | None = None) -> np.nd
                 made, out = _split_product(x, y, out)
                 if made and out is not None:  # made: out holds the product
                     return out
-            if _one_thread(mnk, lambda: (np.result_type(x, y), *x.shape[-2:], y.shape[-1], _layout(x), _layout(y))):
+            if _set_one():
                 try:
                     return np.matmul(x, y, out=out)
                 finally:
                     _restore()
-            if _setters():  # on OpenBLAS's threads: never beside another thread's hold (wide)
-                _enter(WIDE)
-                try:
-                    return np.matmul(x, y, out=out)
-                finally:
-                    _woke()
-                    _leave()
         elif x.ndim >= 3 and out is not None and out.size * x.shape[-1] >= SMALL_MNK:
             # a stack of products OpenBLAS makes on one thread each (attention's per-head
             # products): everyo-kernels may make its two halves on its pair of threads
@@ -474,15 +381,14 @@ def matmul(x: np.ndarray, y: np.ndarray, out: np.ndarray | None = None) -> np.nd
 
 @contextlib.contextmanager
 def threads_for(mnk: int, product: tuple | None = None) -> Iterator[None]:
-    """Run the block under :func:`matmul`'s thread rule for products of ``mnk``
-    (``m * n * k``) each: for compiled code (everyo-kernels) that calls NumPy's
-    BLAS itself, many times, in one call. ``product``: (dtype, m, k, n) of those
-    products (row-major operands), so that a busy machine moves them to one thread
-    only where that gives the same bits."""
-    held = _one_thread(mnk, None if product is None else lambda: (np.dtype(product[0]), *product[1:4], "C", "C"))
+    """Run the block under :func:`matmul`'s rule for products of ``mnk`` (``m * n * k``)
+    each: on one OpenBLAS thread where OpenBLAS would split them. For compiled code
+    (everyo-kernels) that calls NumPy's BLAS itself, many times, in one call.
+    ``product`` ((dtype, m, k, n) of those products) is accepted for everyo-kernels
+    releases that pass it; the rule no longer needs it."""
+    held = mnk >= OPENBLAS_SINGLE and _set_one()
     if not held:
-        with wide(mnk):  # on OpenBLAS's threads: never beside another thread's hold
-            yield
+        yield
         return
     try:
         yield

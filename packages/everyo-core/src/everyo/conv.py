@@ -247,14 +247,14 @@ def _from_groups(a):
 def _times_weight(cols, w_mat, groups):
     if groups == 1:
         return _mm(cols, w_mat)
-    return _from_groups(_blas.matmul_as_is(_by_group(cols, groups), w_mat))
+    return _from_groups(_blas.matmul(_by_group(cols, groups), w_mat))
 
 
 def _times_weight_t(g2, w_mat, groups):
     """The input-column gradient ``g2 @ w_mat.T`` (per group)."""
     if groups == 1:
         return _mm(g2, w_mat.T)
-    return _from_groups(_blas.matmul_as_is(_by_group(g2, groups), w_mat.transpose(0, 2, 1)))
+    return _from_groups(_blas.matmul(_by_group(g2, groups), w_mat.transpose(0, 2, 1)))
 
 
 def _weight_grad(cols, g2, groups, w_shape):
@@ -264,11 +264,11 @@ def _weight_grad(cols, g2, groups, w_shape):
         # splits a (K, O) product over its rows and columns, never over the long
         # pixel axis, and cols.T @ g2 was measured up to 10x slower (and far
         # worse on a loaded machine) than the same sum written as (g2.T @ cols).T.
-        gm = np.ascontiguousarray(_blas.matmul_as_is(g2.T, cols).T)
+        gm = np.ascontiguousarray(_blas.matmul(g2.T, cols).T)
     elif groups == 1:
         gm = _mm(cols.T, g2)
     else:
-        gm = _from_groups(_blas.matmul_as_is(_by_group(cols, groups).transpose(0, 2, 1), _by_group(g2, groups)))
+        gm = _from_groups(_blas.matmul(_by_group(cols, groups).transpose(0, 2, 1), _by_group(g2, groups)))
         return gm.reshape(cin_g, kh, kw, cout).transpose(1, 2, 0, 3)
     return gm.reshape(kh, kw, cin_g, cout)
 

@@ -109,13 +109,13 @@ def _bilinear(x, sh, sw, align_corners):
     ah = interpolation_matrix(h, sh, align_corners).astype(dtype)
     aw = interpolation_matrix(w, sw, align_corners).astype(dtype)
     src = _half_to_float(xd) if half else xd
-    rows = _blas.matmul_as_is(ah, src.reshape(n, h, w * c))  # (n, OH, w*c)
-    out = _blas.matmul_as_is(aw, rows.reshape(n * h * sh, w, c)).reshape(n, h * sh, w * sw, c)
+    rows = _blas.matmul(ah, src.reshape(n, h, w * c))  # (n, OH, w*c)
+    out = _blas.matmul(aw, rows.reshape(n * h * sh, w, c)).reshape(n, h * sh, w * sw, c)
 
     def backward(g):
         g = _half_to_float(g) if g.dtype == np.float16 else g
-        gr = _blas.matmul_as_is(aw.T, g.reshape(n * h * sh, w * sw, c))  # (n*OH, w, c)
-        gx = _blas.matmul_as_is(ah.T, gr.reshape(n, h * sh, w * c)).reshape(n, h, w, c)
+        gr = _blas.matmul(aw.T, g.reshape(n * h * sh, w * sw, c))  # (n*OH, w, c)
+        gx = _blas.matmul(ah.T, gr.reshape(n, h * sh, w * c)).reshape(n, h, w, c)
         return (_float_to_half(gx) if half else gx,)
 
     return Tensor._from_op(_float_to_half(out) if half else out, (x,), backward)

@@ -44,13 +44,6 @@ _capsule_pointer = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.py_object, ctypes.c
 
 
 _thread_count: Any = None  # OpenBLAS's openblas_get_num_threads, once found
-_set_callback: Any = None  # OpenBLAS's openblas_set_threads_callback_function (0.3.27+), once found
-
-
-def jobs_setter() -> Any:
-    """OpenBLAS's ``openblas_set_threads_callback_function`` as NumPy links it (takes a
-    callback's address, or None), or None where it has none."""
-    return _set_callback
 
 
 def _gemm_addresses() -> dict[str, int]:
@@ -69,13 +62,6 @@ def _gemm_addresses() -> dict[str, int]:
             if s_address and d_address:
                 # through a PyDLL: the call keeps the GIL (a CDLL call lets go of it and takes it
                 # back, and where the pair's worker took it meanwhile, sleeps ~10 us until it is free)
-                global _set_callback
-                setter = getattr(
-                    ctypes.CDLL(umath.__file__), f"{prefix}openblas_set_threads_callback_function{suffix}", None
-                )
-                if setter is not None:  # this CDLL object is ours alone: its function objects too
-                    setter.restype, setter.argtypes = None, [ctypes.c_void_p]
-                    _set_callback = setter
                 count = getattr(ctypes.PyDLL(umath.__file__), f"{prefix}openblas_get_num_threads{suffix}", None)
                 if count is not None:  # this PyDLL object is ours alone: its function objects too
                     count.restype, count.argtypes = ctypes.c_int, []

@@ -1,5 +1,5 @@
 """Compiled building blocks for threads that share the words of an ``int64`` array
-without the GIL (the pair's worker and OpenBLAS's calls: :mod:`everyo.kernels.pair`).
+without the GIL (the pair's worker and its callers: :mod:`everyo.kernels.pair`).
 
 Each is an LLVM instruction or a call through a C function's address. The
 addresses (libc's ``sched_yield``, ``syscall``, ...) differ between processes,
@@ -118,104 +118,5 @@ def futex(typingctx, syscall, words, index, op, value):
         address = builder.ptrtoint(_word(context, builder, signature.args[1], args[1], args[2]), i64)
         zero = ir.Constant(i64, 0)
         return builder.call(target, [ir.Constant(i64, SYS_FUTEX), address, args[3], args[4], zero, zero, zero])
-
-    return sig, codegen
-
-
-@intrinsic
-def dojob(typingctx, address, thread_num, jobdata, data):
-    """OpenBLAS's ``void dojob(int thread_num, void *jobdata, int dojob_data)`` at ``address``."""
-    sig = types.void(types.int64, types.int64, types.int64, types.int64)
-
-    def codegen(context, builder, signature, args):
-        i32, i8p = ir.IntType(32), ir.IntType(8).as_pointer()
-        fnty = ir.FunctionType(ir.VoidType(), [i32, i8p, i32])
-        fn, num, job, value = args
-        target = builder.inttoptr(fn, fnty.as_pointer())
-        builder.call(target, [builder.trunc(num, i32), builder.inttoptr(job, i8p), builder.trunc(value, i32)])
-        return context.get_dummy_value()
-
-    return sig, codegen
-
-
-@intrinsic
-def start_thread(typingctx, create, handles, index, routine, argument):
-    """``pthread_create(&handles[index], NULL, routine, argument)`` through ``create``
-    (``pthread_create``'s address); ``routine`` and ``argument`` are addresses. 0 on success."""
-    sig = types.int64(types.int64, handles, types.int64, types.int64, types.int64)
-
-    def codegen(context, builder, signature, args):
-        i32, i8p = ir.IntType(32), ir.IntType(8).as_pointer()
-        routine_type = ir.FunctionType(i8p, [i8p]).as_pointer()
-        fnty = ir.FunctionType(i32, [i8p, i8p, routine_type, i8p])
-        target = builder.inttoptr(args[0], fnty.as_pointer())
-        handle = builder.bitcast(_word(context, builder, signature.args[1], args[1], args[2]), i8p)
-        result = builder.call(
-            target,
-            [
-                handle,
-                ir.Constant(i8p, None),
-                builder.inttoptr(args[3], routine_type),
-                builder.inttoptr(args[4], i8p),
-            ],
-        )
-        return builder.sext(result, ir.IntType(64))
-
-    return sig, codegen
-
-
-@intrinsic
-def join_thread(typingctx, join, handle):
-    """``pthread_join(handle, NULL)`` through ``join`` (``pthread_join``'s address)."""
-    sig = types.int64(types.int64, types.int64)
-
-    def codegen(context, builder, signature, args):
-        i32, i64, i8p = ir.IntType(32), ir.IntType(64), ir.IntType(8).as_pointer()
-        fnty = ir.FunctionType(i32, [i64, i8p.as_pointer()])
-        target = builder.inttoptr(args[0], fnty.as_pointer())
-        return builder.sext(builder.call(target, [args[1], ir.Constant(i8p.as_pointer(), None)]), i64)
-
-    return sig, codegen
-
-
-@intrinsic
-def address_of(typingctx, pointer):
-    """A ``void *`` as an integer."""
-    sig = types.int64(types.voidptr)
-
-    def codegen(context, builder, signature, args):
-        return builder.ptrtoint(args[0], ir.IntType(64))
-
-    return sig, codegen
-
-
-@intrinsic
-def words_at(typingctx, address):
-    """The ``int64 *`` at an integer address (for ``numba.carray``)."""
-    sig = types.CPointer(types.int64)(types.int64)
-
-    def codegen(context, builder, signature, args):
-        return builder.inttoptr(args[0], ir.IntType(64).as_pointer())
-
-    return sig, codegen
-
-
-@intrinsic
-def own_word(typingctx):
-    """The address of an ``int64`` of the calling function's own machine code (a global
-    variable of its LLVM module, 0 at first): one per compiled function, kept for the
-    process's life."""
-    sig = types.CPointer(types.int64)()
-
-    def codegen(context, builder, signature, args):
-        module = builder.module
-        name = "everyo_kernels_own_word"
-        try:
-            word = module.get_global(name)
-        except KeyError:
-            word = ir.GlobalVariable(module, ir.IntType(64), name=name)
-            word.linkage = "internal"
-            word.initializer = ir.Constant(ir.IntType(64), 0)
-        return word
 
     return sig, codegen

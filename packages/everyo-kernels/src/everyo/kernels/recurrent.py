@@ -223,8 +223,9 @@ def _parts(batch: int, hidden: int, steps: int) -> int:
 
 
 def _openblas_spinning() -> bool:
-    """Whether OpenBLAS's worker may still spin after a product on its threads
-    (:func:`everyo.kernels.pair._spinning`: never where OpenBLAS's jobs run on the pair): a
+    """Whether OpenBLAS's worker may still spin after a call on its threads
+    (:func:`everyo.kernels.pair._spinning`: einsum's or QR's; EveryO's products run on one
+    OpenBLAS thread or the pair): a
     scan's second part would share its core with it (an AMD EPYC's LSTM step, where
     ``W_hh``'s gradient ran on OpenBLAS's own threads every step: 20.9-24.8 -> 23.8-26.9 ms
     with the scans split beside it)."""
