@@ -51,10 +51,13 @@ def test_products_are_numpys_and_the_thread_count_is_restored(shape):
     y = rng.standard_normal((*lead, k, n)).astype(np.float32)
     found = _blas._find()
     before = found[0]() if found else None
-    # NumPy's product on one OpenBLAS thread: core's rule for every product OpenBLAS would
-    # split (on OpenBLAS's Haswell kernels, an AMD EPYC, one and two threads give most shapes
-    # other bits, so the count is part of the result, the same whatever the machine's load).
-    if m * k * n >= _blas.OPENBLAS_SINGLE and found:
+    # NumPy's product on one OpenBLAS thread: core's rule, on two BLAS threads, for every
+    # product OpenBLAS would split, and on any count for a small one (on OpenBLAS's Haswell
+    # kernels, an AMD EPYC, one and two threads give most shapes other bits, so the count is
+    # part of the result, the same whatever the machine's load). With more threads a large
+    # product keeps them on a quiet machine.
+    small = m * k * n < _blas.SMALL_MNK
+    if m * k * n >= _blas.OPENBLAS_SINGLE and found and (small or _blas._count() <= 2):
         threadpoolctl = pytest.importorskip("threadpoolctl")
         with threadpoolctl.threadpool_limits(1):
             want = np.matmul(x, y)
@@ -212,6 +215,41 @@ def test_every_product_openblas_would_split_takes_one_thread(fake_openblas, fres
     assert fake_openblas["puts"] == [1, 2]  # no call made
 
 
+@pytest.mark.parametrize("differs", [True, False])
+def test_on_more_than_two_threads_the_check_decides_whether_a_busy_machine_takes_one(
+    fake_openblas, fresh_checks, monkeypatch, differs
+):
+    fake_openblas["count"] = 4
+    real = np.matmul
+
+    def fake(a, b, out=None):  # a BLAS whose bits change with its thread count (when it differs)
+        r = real(a, b)
+        if differs and fake_openblas["count"] > 1:
+            r = r * (1 + np.finfo(r.dtype).eps)
+        if out is None:
+            return r
+        out[...] = r
+        return out
+
+    monkeypatch.setattr(_blas.np, "matmul", fake)
+    monkeypatch.setattr(_blas, "_alone", {})
+    x = np.ones((256, 256), np.float32)  # m * n * k = 2^24, large
+    monkeypatch.setattr(_blas, "machine_busy", lambda: False)
+    quiet = _blas.matmul(x, x)
+    assert _blas._alone == {("<f4", 256, 256, 256, "C", "C", 4): not differs}  # checked at its first product
+    assert fake_openblas["puts"] == [1, 4]  # the check's one-thread product; the product on four
+    monkeypatch.setattr(_blas, "machine_busy", lambda: True)
+    busy = _blas.matmul(x, x)
+    assert np.array_equal(busy, quiet)  # the same bits, busy or not
+    assert fake_openblas["puts"] == ([1, 4] if differs else [1, 4, 1, 4])  # one thread only where it agrees
+    monkeypatch.setattr(_blas, "MAX_CHECKED", 1)
+    assert not _blas._alone_same(np.dtype(np.float32), 400, 400, 400)  # past the cap: keep BLAS's threads
+    assert _blas._alone_same(np.dtype(np.int64), 400, 400, 400)  # NumPy's own loop: no BLAS threads
+    small = np.ones((32, 64), np.float32), np.ones((64, 128), np.float32)  # small: one thread on any count
+    _blas.matmul(*small)
+    assert fake_openblas["puts"][-2:] == [1, 4] and fake_openblas["count"] == 4
+
+
 def test_threads_for_holds_one_thread_for_products_openblas_would_split(fake_openblas):
     with _blas.threads_for(1 << 24, (np.float32, 256, 256, 256)):
         assert fake_openblas["count"] == 1
@@ -220,6 +258,9 @@ def test_threads_for_holds_one_thread_for_products_openblas_would_split(fake_ope
     with _blas.threads_for(_blas.OPENBLAS_SINGLE - 1):  # OpenBLAS's one thread anyway: nothing set
         assert fake_openblas["count"] == 2
     assert fake_openblas["count"] == 2
+    fake_openblas["count"] = 4  # more threads, a quiet machine: large products keep them
+    with _blas.threads_for(1 << 24, (np.float32, 256, 256, 256)):
+        assert fake_openblas["count"] == 4
 
 
 # --- a hold of one thread never reaches another thread's product on OpenBLAS's threads ------

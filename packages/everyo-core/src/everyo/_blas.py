@@ -16,17 +16,26 @@ and its workers spin-wait for the next call. Two things follow on a 2-core machi
   result must not depend on how busy the machine was, so a busy machine could not
   simply take one thread.
 
-So every product here has **one OpenBLAS thread's bits**, whatever the machine's
-load and OpenBLAS's thread count: :func:`matmul` holds one OpenBLAS thread around
-each product OpenBLAS would split. Where the machine is quiet and everyo-kernels is
-installed, a large 2-D product (``SMALL_MNK`` and up) runs as two row parts on
-everyo-kernels' pair of threads, each on one OpenBLAS thread, cut where the parts
-were found to give the whole one-thread product's bits (everyo-kernels' ``pair``
-module: a multiple of the kernels' row tile; checked once per shape). Where no such
-cut is found, or the machine is busy (:func:`machine_busy`), or without
-everyo-kernels, the product runs whole on one thread. A program that sets one BLAS
-thread itself (a ``spawn`` worker, ``threadpool_limits(1)``) gets the same bits, so a
-data-parallel worker's products match a one-process run's.
+So where OpenBLAS has two threads (a 2-core machine, as OpenBLAS sets itself), every
+product here has **one OpenBLAS thread's bits**, whatever the machine's load:
+:func:`matmul` holds one OpenBLAS thread around each product OpenBLAS would split.
+Where the machine is quiet and everyo-kernels is installed, a large 2-D product
+(``SMALL_MNK`` and up) runs as two row parts on everyo-kernels' pair of threads, each
+on one OpenBLAS thread, cut where the parts were found to give the whole one-thread
+product's bits (everyo-kernels' ``pair`` module: a multiple of the kernels' row tile;
+checked once per shape), so the second core still helps. Where no such cut is found,
+or the machine is busy (:func:`machine_busy`), or without everyo-kernels, the product
+runs whole on one thread. A program that sets one BLAS thread itself (a ``spawn``
+worker, ``threadpool_limits(1)``) gets the same bits, so a data-parallel worker's
+products match a one-process run's on two threads.
+
+With more than two OpenBLAS threads (a larger machine) one thread would give up
+cores the pair cannot make up for, so a large product runs on OpenBLAS's threads,
+with their bits; on a busy machine it moves to one thread only where a check found
+the bits the same (:func:`_alone_same`: once per dtype, shape, layouts and thread
+count, with random operands, at the shape's first large product), so there too the
+bits do not depend on the load. Small products (below ``SMALL_MNK``) take one thread
+on any machine.
 
 How: ``openblas_set_num_threads`` of the OpenBLAS that NumPy loaded (found on first
 use through /proc/self/maps, never at import; the calls threadpoolctl makes), set to
@@ -46,10 +55,8 @@ the count in force when it starts, and on a 2-core machine may then run on one
 thread, with one thread's bits. Where OpenBLAS is not found (another BLAS, another
 OS) :func:`matmul` is ``np.matmul`` and NumPy runs as configured.
 
-Before this rule (up to the fifth stop of issue 24), a large product ran on
-OpenBLAS's threads and moved to one thread on a busy machine only where a check
-found the same bits; on the AMD EPYC that was almost never, which is why item 3
-was missed there.
+Up to the fifth stop of issue 24 that was the rule on two threads as well; on the AMD
+EPYC the check almost never found the same bits, which is why item 3 was missed there.
 """
 
 from __future__ import annotations
@@ -63,7 +70,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    from collections.abc import Callable, Iterator
 
 import numpy as np
 
@@ -321,6 +328,83 @@ def _set_one() -> bool:
     return False
 
 
+MAX_CHECKED = 64  # products _alone_same checks per process; later new ones keep BLAS's threads when busy
+_alone: dict[tuple, bool] = {}
+
+
+def _layout(a: np.ndarray) -> str:
+    """How NumPy hands a matrix (the last two axes) to BLAS: rows contiguous ("C",
+    no transpose) or columns ("F", transposed); other strides as "C"."""
+    step = a.itemsize
+    if a.strides[-1] == step or a.shape[-1] == 1:
+        return "C"
+    return "F" if a.strides[-2] == step or a.shape[-2] == 1 else "C"
+
+
+def _alone_same(dtype: np.dtype, m: int, k: int, n: int, x_layout: str = "C", y_layout: str = "C") -> bool:
+    """Whether OpenBLAS gives an (m, k) @ (k, n) product of ``dtype`` with these layouts
+    the same bits on one thread as on the threads it has now. Checked once per key with
+    random operands (OpenBLAS's blocking depends on the shape and threads, not the
+    values: where it differs, random values show it), at most ``MAX_CHECKED`` keys;
+    past that, False. True where no BLAS call or no thread change is involved."""
+    setters = _setters()
+    if dtype.kind not in "fc" or dtype.itemsize < 4 or not setters:
+        return True  # not a BLAS product (NumPy's own loop), or no OpenBLAS whose count we change
+    threads = _count()
+    if threads <= 1:
+        return True
+    key = (dtype.str, m, k, n, x_layout, y_layout, threads)
+    known = _alone.get(key)
+    if known is None:
+        if len(_alone) >= MAX_CHECKED:
+            return False
+        rng = np.random.default_rng(0)
+
+        def operand(shape, layout):
+            a = rng.standard_normal(shape).astype(dtype)
+            if dtype.kind == "c":
+                a += 1j * rng.standard_normal(shape)
+            return a if layout == "C" else np.asfortranarray(a)
+
+        x, y = operand((m, k), x_layout), operand((k, n), y_layout)
+        with wide(m * k * n):
+            whole = np.matmul(x, y)
+        with single_thread():
+            alone = np.matmul(x, y)
+        known = _alone[key] = bool(np.array_equal(whole.view(np.uint8), alone.view(np.uint8)))
+    return known
+
+
+def _count() -> int:
+    """OpenBLAS's thread count as no hold of EveryO's has set it (a hold keeps the count it
+    found in ``_saved``); 0 where OpenBLAS is not found."""
+    setters = _setters()
+    if not setters:
+        return 0
+    with _hold_lock:
+        return _saved if _held else setters[0]()
+
+
+def _one_thread(mnk: int, product: Callable[[], tuple] | None = None) -> bool:
+    """Apply the thread rule to products of ``mnk`` (``m * n * k``) each: when it asks
+    for one BLAS thread, :func:`_set_one`; else False (the products run on OpenBLAS's
+    threads). Where OpenBLAS has two threads, every product it would split takes one.
+    With more, a small one does, and a large one only on a busy machine and where one
+    thread gives it the same bits (:func:`_alone_same`; ``product()`` gives its (dtype,
+    m, k, n, x_layout, y_layout); without it, an older everyo-kernels, not checked)."""
+    if mnk < OPENBLAS_SINGLE:
+        return False
+    if mnk < SMALL_MNK or _count() <= 2:
+        return _set_one()
+    # The check is made at a shape's first large product, busy or not: made only once
+    # busy, its product on OpenBLAS's threads leaves their worker spinning (~0.2 s) on a
+    # machine whose cores are taken.
+    same = True if product is None else _alone_same(*product())
+    if machine_busy() and same:
+        return _set_one()
+    return False
+
+
 def _restore() -> None:
     """End a hold of :func:`_set_one`; the last one to end puts back the count the
     first found."""
@@ -351,9 +435,11 @@ def _after_fork() -> None:
 
 
 def matmul(x: np.ndarray, y: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-    """``np.matmul(x, y, out=out)`` with one OpenBLAS thread's bits (the module's rule):
-    on one BLAS thread where OpenBLAS would split a product (``m * n * k`` from
-    ``OPENBLAS_SINGLE``; below it OpenBLAS uses one anyway). With everyo-kernels a large
+    """``np.matmul(x, y, out=out)`` under the module's rule: where OpenBLAS has two threads,
+    on one where OpenBLAS would split a product (``m * n * k`` from ``OPENBLAS_SINGLE``;
+    below it OpenBLAS uses one anyway), so with one thread's bits; with more threads, a
+    large product on them unless the machine is busy and one thread gives it the same
+    bits (:func:`_one_thread`). With everyo-kernels, on two BLAS threads, a large
     2-D product may be made as two row parts on its pair of threads (``split_matmul``),
     and a large stack of small products into an ``out`` array as two halves of the stack
     (``split_batched``), each part on one BLAS thread and only where the parts give the
@@ -365,11 +451,18 @@ def matmul(x: np.ndarray, y: np.ndarray, out: np.ndarray | None = None) -> np.nd
                 made, out = _split_product(x, y, out)
                 if made and out is not None:  # made: out holds the product
                     return out
-            if _set_one():
+            if _one_thread(mnk, lambda: (np.result_type(x, y), *x.shape[-2:], y.shape[-1], _layout(x), _layout(y))):
                 try:
                     return np.matmul(x, y, out=out)
                 finally:
                     _restore()
+            if _setters():  # more than two BLAS threads: on them, never beside another thread's hold
+                _enter(WIDE)
+                try:
+                    return np.matmul(x, y, out=out)
+                finally:
+                    _woke()
+                    _leave()
         elif x.ndim >= 3 and out is not None and out.size * x.shape[-1] >= SMALL_MNK:
             # a stack of products OpenBLAS makes on one thread each (attention's per-head
             # products): everyo-kernels may make its two halves on its pair of threads
@@ -382,13 +475,13 @@ def matmul(x: np.ndarray, y: np.ndarray, out: np.ndarray | None = None) -> np.nd
 @contextlib.contextmanager
 def threads_for(mnk: int, product: tuple | None = None) -> Iterator[None]:
     """Run the block under :func:`matmul`'s rule for products of ``mnk`` (``m * n * k``)
-    each: on one OpenBLAS thread where OpenBLAS would split them. For compiled code
-    (everyo-kernels) that calls NumPy's BLAS itself, many times, in one call.
-    ``product`` ((dtype, m, k, n) of those products) is accepted for everyo-kernels
-    releases that pass it; the rule no longer needs it."""
-    held = mnk >= OPENBLAS_SINGLE and _set_one()
+    each: for compiled code (everyo-kernels) that calls NumPy's BLAS itself, many
+    times, in one call. ``product``: (dtype, m, k, n) of those products (row-major
+    operands), for the check the rule makes where OpenBLAS has more than two threads."""
+    held = _one_thread(mnk, None if product is None else lambda: (np.dtype(product[0]), *product[1:4], "C", "C"))
     if not held:
-        yield
+        with wide(mnk):  # on OpenBLAS's threads: never beside another thread's hold
+            yield
         return
     try:
         yield

@@ -23,11 +23,10 @@ threads, the machine not busy, no OpenBLAS worker spinning), the kernels'
 large passes (:mod:`everyo.kernels.halves`: im2col, pooling, ReLU, softmax,
 ...) run in two halves on it, and so do the large 2-D products
 (:func:`split_matmul`): two row parts, each on one OpenBLAS thread. With more
-BLAS threads, products are split only while the worker is awake (right after an
-LSTM scan).
+BLAS threads products are not split: core leaves large ones on OpenBLAS's threads.
 
-Results stay bit-identical to core's NumPy path, which gives every product one
-OpenBLAS thread's bits (core's ``_blas`` module): a product is split only at a row
+Results stay bit-identical to core's NumPy path, which on two BLAS threads gives every
+product one OpenBLAS thread's bits (core's ``_blas`` module): a product is split only at a row
 cut whose parts, each computed on one thread, were found to give the whole
 product's one-thread bits, checked once per (dtype, shape, layouts, BLAS threads)
 with random operands (:func:`_parts_agree`). OpenBLAS's kernels make a call's rows a
@@ -345,9 +344,9 @@ def _parts_agree(key: tuple) -> int:
 def split_matmul(x: np.ndarray, y: np.ndarray, out: np.ndarray) -> bool:
     """``np.matmul(x, y, out=out)`` as two row parts (:func:`_halves`) on the pair (this
     thread and the worker), each on one BLAS thread, and True; or False (nothing done) where
-    that does not apply: the pair neither owns the second core (:func:`owns_second_core`:
-    two BLAS threads, the machine not busy, no OpenBLAS worker spinning) nor is awake (an
-    LSTM scan just ran), the machine is busy, BLAS has one thread, the product is small,
+    that does not apply: BLAS has other than two threads (core then gives a product one
+    thread's bits only on two), the machine is busy, an OpenBLAS worker may be spinning
+    (after an einsum or QR: ``_blas.openblas_spinning``), the product is small,
     the operands are not float32/float64 2-D arrays of one dtype with contiguous rows or
     columns, ``out`` is not C-contiguous, or no row cut was found whose parts give the
     whole one-thread product's bits (:func:`_parts_agree`, checked at a shape's first
@@ -366,7 +365,7 @@ def split_matmul(x: np.ndarray, y: np.ndarray, out: np.ndarray) -> bool:
     threads = blas_threads()
     if x_layout is None or y_layout is None or threads < 2 or _blas.machine_busy():
         return False
-    if _spinning() or not (threads == 2 or awake()):
+    if threads != 2 or _spinning():  # with more, core's products have OpenBLAS's threads' bits
         return False
     key = (dt.name, m, k, n, x_layout, y_layout, threads)
     cut = _parts_agree(key)
