@@ -184,13 +184,13 @@ def test_a_busy_machine_gives_the_quiet_machines_bits(fresh_checks, monkeypatch,
     assert np.array_equal(_blas.matmul(xf, y).view(np.uint32), quiet.view(np.uint32))
 
 
-def _thread_dependent_matmul(monkeypatch, state):
-    """np.matmul of a BLAS whose bits change with its thread count."""
+def _thread_dependent_matmul(monkeypatch, state, differs=True):
+    """np.matmul of a BLAS whose bits change with its thread count (when ``differs``)."""
     real = np.matmul
 
     def fake(a, b, out=None):
         r = real(a, b)
-        if state["count"] > 1:
+        if differs and state["count"] > 1:
             r = r * (1 + np.finfo(r.dtype).eps)
         if out is None:
             return r
@@ -220,18 +220,7 @@ def test_on_more_than_two_threads_the_check_decides_whether_a_busy_machine_takes
     fake_openblas, fresh_checks, monkeypatch, differs
 ):
     fake_openblas["count"] = 4
-    real = np.matmul
-
-    def fake(a, b, out=None):  # a BLAS whose bits change with its thread count (when it differs)
-        r = real(a, b)
-        if differs and fake_openblas["count"] > 1:
-            r = r * (1 + np.finfo(r.dtype).eps)
-        if out is None:
-            return r
-        out[...] = r
-        return out
-
-    monkeypatch.setattr(_blas.np, "matmul", fake)
+    _thread_dependent_matmul(monkeypatch, fake_openblas, differs)
     monkeypatch.setattr(_blas, "_alone", {})
     x = np.ones((256, 256), np.float32)  # m * n * k = 2^24, large
     monkeypatch.setattr(_blas, "machine_busy", lambda: False)

@@ -173,9 +173,8 @@ def test_an_lstm_in_an_atexit_handler_still_runs():
 
 @pytest.fixture
 def split_on(monkeypatch):
-    """The conditions that make split_matmul split: the worker awake, the machine not busy,
+    """The conditions that make split_matmul split: the machine not busy,
     two BLAS threads, no OpenBLAS worker spinning; a fresh record of checked shapes."""
-    monkeypatch.setattr(pair, "awake", lambda: True)
     monkeypatch.setattr(_blas, "machine_busy", lambda: False)
     monkeypatch.setattr(pair, "blas_threads", lambda: 2)
     monkeypatch.setattr(pair, "_agree", {})
@@ -270,13 +269,10 @@ def test_no_split_unless_every_condition_holds(split_on, monkeypatch):
     assert pair._agree == {}  # none of them was checked
     assert pair.split_matmul(x, y, out)  # all conditions hold: checked, split
     assert pair._agree == {("float32", 1536, 33, 512, "C", "C", 2): 768}
+    assert pair.split_matmul(x, y, out)  # two BLAS threads: known, split again
     with monkeypatch.context() as m:
-        m.setattr(pair, "awake", lambda: False)
-        assert pair.split_matmul(x, y, out)  # two BLAS threads: awake or not
         m.setattr(pair, "blas_threads", lambda: 4)
         assert not pair.split_matmul(x, y, out)  # four: core keeps large products on OpenBLAS's threads
-        m.setattr(pair, "awake", lambda: True)
-        assert not pair.split_matmul(x, y, out)  # even right after a scan
     with monkeypatch.context() as m:
         m.setattr(pair, "blas_threads", lambda: 1)
         assert not pair.split_matmul(x, y, out)
@@ -348,7 +344,6 @@ def test_lstm_training_steps_on_the_pair_match_the_numpy_path(monkeypatch):
     monkeypatch.setattr(_blas, "machine_busy", lambda: False)
     monkeypatch.setattr(recurrent, "blas_threads", lambda: 2)
     monkeypatch.setattr(pair, "blas_threads", lambda: 2)
-    monkeypatch.setattr(pair, "awake", lambda: True)
     monkeypatch.setattr(pair, "_agree", {})
 
     def train(steps=3):
@@ -381,7 +376,6 @@ def test_a_users_model_has_the_same_bits_quiet_busy_and_on_one_blas_thread(monke
     # AdamW) ends with the same bits whether its large products were split over the pair (quiet),
     # made whole on one thread (busy), or OpenBLAS was set to one thread by the program.
     threadpoolctl = pytest.importorskip("threadpoolctl")
-    monkeypatch.setattr(pair, "awake", lambda: True)
     monkeypatch.setattr(pair, "blas_threads", lambda: 2)
     monkeypatch.setattr(_blas, "openblas_spinning", lambda: False)
 

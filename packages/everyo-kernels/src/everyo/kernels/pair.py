@@ -59,7 +59,6 @@ __all__ = [
     "SPIN_S",
     "GRACE_S",
     "MIN_ROWS",
-    "awake",
     "owns_second_core",
     "run",
     "split_matmul",
@@ -165,7 +164,6 @@ class _Worker:
         self.lock = threading.Lock()  # one caller at a time; others run their parts alone
         self.job: Callable[[], Any] | None = None
         self.error: BaseException | None = None
-        self.last = -1.0  # time.monotonic() when the last job ended
         # cycles per second, for the spin's length: read around a short sleep (after a first
         # call: that one loads the compiled code, and timed it made the spin ~100x too short)
         _read_cycles()
@@ -212,7 +210,6 @@ class _Worker:
             finally:  # the worker's part uses the same arrays: always wait for it
                 _wait_done(self.ctrl, self.yield_fn)
                 self.ctrl[_PY] = _IDLE
-                self.last = time.monotonic()
             if self.error is not None:
                 error, self.error = self.error, None
                 raise error
@@ -252,12 +249,6 @@ def run(mine: Callable[[], Any], theirs: Callable[[], Any]) -> None:
         theirs()
         return
     worker.run(mine, theirs)
-
-
-def awake() -> bool:
-    """Whether the worker ran a job in this process in the last ``SPIN_S``."""
-    worker = _worker
-    return worker is not None and worker.pid == os.getpid() and time.monotonic() - worker.last < SPIN_S
 
 
 def owns_second_core() -> bool:
@@ -363,9 +354,8 @@ def split_matmul(x: np.ndarray, y: np.ndarray, out: np.ndarray) -> bool:
         return False
     x_layout, y_layout = _layout(x), _layout(y)
     threads = blas_threads()
-    if x_layout is None or y_layout is None or threads < 2 or _blas.machine_busy():
-        return False
-    if threads != 2 or _spinning():  # with more, core's products have OpenBLAS's threads' bits
+    # two BLAS threads only: with more, core's large products have OpenBLAS's threads' bits
+    if x_layout is None or y_layout is None or threads != 2 or _blas.machine_busy() or _spinning():
         return False
     key = (dt.name, m, k, n, x_layout, y_layout, threads)
     cut = _parts_agree(key)
